@@ -1,0 +1,47 @@
+#pragma once
+// DType and TensorRef: how tensors cross the library's boundary (a DLPack-like view, no ownership).
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace gdn {
+
+enum class DType { f64, f32, f16, bf16, i64, i32 };
+
+std::size_t dtype_size(DType dtype);
+std::string_view dtype_name(DType dtype);  // "f64", "f32", "f16", "bf16", "i64", "i32"
+
+// A dense, contiguous, row-major tensor owned by the caller. data == nullptr means "not given".
+struct TensorRef {
+  void* data = nullptr;
+  DType dtype = DType::f32;
+  std::vector<std::int64_t> shape;
+
+  bool given() const { return data != nullptr; }
+  std::int64_t numel() const;
+  std::string shape_string() const;  // "[2, 64, 4, 128]"
+};
+
+// A host tensor that owns its bytes (files, tests, the tool); ref() views it.
+struct HostTensor {
+  DType dtype = DType::f32;
+  std::vector<std::int64_t> shape;
+  std::vector<std::byte> bytes;
+
+  static HostTensor zeros(DType dtype, std::vector<std::int64_t> shape);
+  std::int64_t numel() const;
+  TensorRef ref();
+  template <typename T>
+  T* as() {
+    return reinterpret_cast<T*>(bytes.data());
+  }
+  template <typename T>
+  const T* as() const {
+    return reinterpret_cast<const T*>(bytes.data());
+  }
+};
+
+}  // namespace gdn

@@ -1,0 +1,58 @@
+#pragma once
+// Element offsets into the op's tensors (spec section 2), and row loads in the compute type.
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "cpu/convert.h"
+#include "gdn/delta_rule.h"
+#include "validate.h"
+
+namespace gdn::cpu {
+
+struct Layout {
+  DeltaRuleShape s;
+
+  std::int64_t key_head(std::int64_t hv) const { return hv / (s.HV / s.HK); }
+  std::int64_t qk(std::int64_t b, std::int64_t t, std::int64_t hk) const {
+    return ((b * s.T + t) * s.HK + hk) * s.K;
+  }
+  std::int64_t v(std::int64_t b, std::int64_t t, std::int64_t hv) const {
+    return ((b * s.T + t) * s.HV + hv) * s.V;
+  }
+  std::int64_t gate(std::int64_t b, std::int64_t t, std::int64_t hv) const {
+    return (b * s.T + t) * s.HV + hv;
+  }
+  std::int64_t state(std::int64_t n, std::int64_t hv) const { return (n * s.HV + hv) * s.K * s.V; }
+};
+
+template <typename Compute>
+void load_row(const TensorRef& t, std::int64_t offset, std::int64_t count, Compute* dst) {
+  for (std::int64_t i = 0; i < count; ++i) dst[i] = load<Compute>(t, offset + i);
+}
+
+template <typename Compute>
+void store_row(const TensorRef& t, std::int64_t offset, std::int64_t count, const Compute* src) {
+  for (std::int64_t i = 0; i < count; ++i) store(t, offset + i, src[i]);
+}
+
+// x <- x * rsqrt(sum(x^2) + 1e-6); returns the factor r (spec 1).
+template <typename Compute>
+Compute l2_normalize(Compute* x, std::int64_t n) {
+  Compute sum = 0;
+  for (std::int64_t i = 0; i < n; ++i) sum += x[i] * x[i];
+  const Compute r = Compute{1} / std::sqrt(sum + static_cast<Compute>(1e-6));
+  for (std::int64_t i = 0; i < n; ++i) x[i] *= r;
+  return r;
+}
+
+// Gradient through x_hat = x r, r = (|x|^2 + eps)^-1/2: dx = r (dx_hat - x_hat (x_hat . dx_hat)).
+template <typename Compute>
+void l2_normalize_backward(const Compute* x_hat, Compute r, Compute* dx, std::int64_t n) {
+  Compute dot = 0;
+  for (std::int64_t i = 0; i < n; ++i) dot += x_hat[i] * dx[i];
+  for (std::int64_t i = 0; i < n; ++i) dx[i] = r * (dx[i] - x_hat[i] * dot);
+}
+
+}  // namespace gdn::cpu

@@ -1,0 +1,181 @@
+// Bad input gets gdn::Error naming the argument and what was expected.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "gdn/error.h"
+#include "testing.h"
+
+namespace gdn {
+namespace {
+
+struct Fixture {
+  Problem p{.B = 1, .T = 8, .HK = 2, .HV = 4, .K = 4, .V = 3};
+  ProblemData data;
+  ProblemResults results;
+  DeltaRuleInputs in;
+
+  Fixture() {
+    p.initial_state = true;
+    data = generate(p);
+    results = allocate_results(p, DType::f32);
+    in = data.inputs();
+  }
+  void forward() { delta_rule_forward(in, results.outputs()); }
+};
+
+void expect_error(const std::function<void()>& call, const std::string& fragment) {
+  try {
+    call();
+    ADD_FAILURE() << "expected gdn::Error containing \"" << fragment << "\"";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos)
+        << "message: " << e.what() << "\nexpected to contain: " << fragment;
+  }
+}
+
+TEST(Validate, AcceptsGoodInput) {
+  Fixture f;
+  EXPECT_NO_THROW(f.forward());
+}
+
+TEST(Validate, WrongRank) {
+  Fixture f;
+  f.in.q.shape = {8, 2, 4};
+  expect_error([&] { f.forward(); }, "q must have shape [B, T, HK, K] (rank 4), got rank 3");
+}
+
+TEST(Validate, WrongKeyShape) {
+  Fixture f;
+  f.in.k.shape = {1, 8, 2, 5};
+  expect_error([&] { f.forward(); },
+               "k must have shape [B, T, HK, K] = [1, 8, 2, 4], got [1, 8, 2, 5]");
+}
+
+TEST(Validate, HeadsNotMultiple) {
+  Problem p{.B = 1, .T = 8, .HK = 2, .HV = 3, .K = 4, .V = 3};
+  ProblemData data = generate(p);
+  ProblemResults r = allocate_results(p, DType::f32);
+  expect_error([&] { delta_rule_forward(data.inputs(), r.outputs()); },
+               "HV (v.shape[2] = 3) must be a multiple of HK (q.shape[2] = 2)");
+}
+
+TEST(Validate, NonPositiveChunk) {
+  Fixture f;
+  f.in.chunk_size = 0;
+  expect_error([&] { f.forward(); }, "chunk_size must be positive, got 0");
+}
+
+TEST(Validate, GateShape) {
+  Fixture f;
+  f.in.g.shape = {1, 8, 2};
+  expect_error([&] { f.forward(); }, "g must have shape [B, T, HV] = [1, 8, 4], got [1, 8, 2]");
+}
+
+TEST(Validate, BetaShape) {
+  Fixture f;
+  f.in.beta.shape = {1, 8, 4, 1};
+  expect_error([&] { f.forward(); }, "beta must have shape [B, T, HV] (rank 3), got rank 4");
+}
+
+TEST(Validate, MissingTensor) {
+  Fixture f;
+  f.in.v.data = nullptr;
+  expect_error([&] { f.forward(); }, "v is required");
+}
+
+TEST(Validate, InitialStateShape) {
+  Fixture f;
+  f.in.initial_state.shape = {1, 4, 3, 4};
+  expect_error([&] { f.forward(); },
+               "initial_state must have shape [N, HV, K, V] = [1, 4, 4, 3], got [1, 4, 3, 4]");
+}
+
+TEST(Validate, UnsupportedDtype) {
+  Fixture f;
+  f.in.q.dtype = DType::i32;
+  expect_error([&] { f.forward(); }, "q must be f64, f32, f16 or bf16, got i32");
+}
+
+TEST(Validate, MixedDtypes) {
+  Fixture f;
+  f.in.k.dtype = DType::bf16;
+  expect_error([&] { f.forward(); }, "k must have q's dtype f32, got bf16");
+}
+
+TEST(Validate, InitialStateDtype) {
+  Fixture f;
+  f.in.initial_state.dtype = DType::bf16;
+  expect_error([&] { f.forward(); }, "initial_state must be f32 (or f64), got bf16");
+}
+
+struct Varlen {
+  HostTensor cu = HostTensor::zeros(DType::i32, {3});
+  Fixture f;
+  Varlen(std::int32_t a, std::int32_t b, std::int32_t c) {
+    cu.as<std::int32_t>()[0] = a;
+    cu.as<std::int32_t>()[1] = b;
+    cu.as<std::int32_t>()[2] = c;
+    f.in.cu_seqlens = cu.ref();
+    f.in.initial_state = {};
+  }
+};
+
+TEST(Validate, CuSeqlensNotIncreasing) {
+  Varlen v(0, 5, 5);
+  expect_error([&] { v.f.forward(); },
+               "cu_seqlens must be strictly increasing, got cu_seqlens[2] = 5");
+}
+
+TEST(Validate, CuSeqlensNotEndingAtT) {
+  Varlen v(0, 3, 7);
+  expect_error([&] { v.f.forward(); }, "cu_seqlens must end at T = 8, got cu_seqlens[2] = 7");
+}
+
+TEST(Validate, CuSeqlensNotStartingAtZero) {
+  Varlen v(1, 3, 8);
+  expect_error([&] { v.f.forward(); }, "cu_seqlens[0] must be 0, got 1");
+}
+
+TEST(Validate, CuSeqlensWithBatch) {
+  Problem p{.B = 2, .T = 8, .HK = 1, .HV = 1, .K = 4, .V = 3};
+  ProblemData data = generate(p);
+  ProblemResults r = allocate_results(p, DType::f32);
+  HostTensor cu = HostTensor::zeros(DType::i64, {2});
+  cu.as<std::int64_t>()[1] = 8;
+  DeltaRuleInputs in = data.inputs();
+  in.cu_seqlens = cu.ref();
+  expect_error([&] { delta_rule_forward(in, r.outputs()); }, "cu_seqlens requires B = 1");
+}
+
+TEST(Validate, VarlenInitialStateCountsSequences) {
+  Varlen v(0, 3, 8);
+  v.f.in.initial_state = v.f.data.initial_state.ref();  // [1, ...] but N = 2
+  expect_error([&] { v.f.forward(); },
+               "initial_state must have shape [N, HV, K, V] = [2, 4, 4, 3]");
+}
+
+TEST(Validate, OutputShape) {
+  Fixture f;
+  DeltaRuleOutputs out = f.results.outputs();
+  out.o.shape = {1, 8, 4, 4};
+  expect_error([&] { delta_rule_forward(f.in, out); },
+               "o must have shape [B, T, HV, V] = [1, 8, 4, 3]");
+}
+
+TEST(Validate, GradientsNeedDh0WithInitialState) {
+  Fixture f;
+  DeltaRuleGrads g = f.results.grads(f.data);
+  g.dh0 = {};
+  expect_error([&] { delta_rule_backward(f.in, g); }, "dh0 is required");
+}
+
+TEST(Validate, GradientOfOutputShape) {
+  Fixture f;
+  DeltaRuleGrads g = f.results.grads(f.data);
+  g.d_o.shape = {1, 8, 4};
+  expect_error([&] { delta_rule_backward(f.in, g); }, "d_o must have shape [B, T, HV, V] (rank 4)");
+}
+
+}  // namespace
+}  // namespace gdn
