@@ -4,6 +4,8 @@
 #include <cmath>
 #include <numeric>
 #include <random>
+#include <string>
+#include <utility>
 
 #include "cpu/convert.h"
 #include "gdn/error.h"
@@ -97,24 +99,92 @@ DeltaRuleInputs ProblemData::inputs() {
   return in;
 }
 
+namespace {
+
+ProblemResults allocate(std::int64_t B, std::int64_t T, std::int64_t HK, std::int64_t HV,
+                        std::int64_t K, std::int64_t V, std::int64_t N, bool initial_state,
+                        DType dtype) {
+  const DType state = dtype == DType::f64 ? DType::f64 : DType::f32;
+  ProblemResults r;
+  r.o = HostTensor::zeros(dtype, {B, T, HV, V});
+  r.final_state = HostTensor::zeros(state, {N, HV, K, V});
+  r.dq = HostTensor::zeros(dtype, {B, T, HK, K});
+  r.dk = HostTensor::zeros(dtype, {B, T, HK, K});
+  r.dv = HostTensor::zeros(dtype, {B, T, HV, V});
+  r.dg = HostTensor::zeros(dtype, {B, T, HV});
+  r.dbeta = HostTensor::zeros(dtype, {B, T, HV});
+  if (initial_state) r.dh0 = HostTensor::zeros(state, {N, HV, K, V});
+  return r;
+}
+
+// Copies rows [first, first + count) of axis 1 of a [B, T, ...] tensor into `to` at row `at`.
+void copy_tokens(const HostTensor& from, std::int64_t first, std::int64_t count, HostTensor& to,
+                 std::int64_t at) {
+  const std::size_t row =
+      from.bytes.size() / static_cast<std::size_t>(from.shape[0] * from.shape[1]);
+  for (std::int64_t b = 0; b < from.shape[0]; ++b)
+    std::copy_n(from.bytes.begin() + static_cast<std::ptrdiff_t>((b * from.shape[1] + first) * row),
+                static_cast<std::size_t>(count) * row,
+                to.bytes.begin() + static_cast<std::ptrdiff_t>((b * to.shape[1] + at) * row));
+}
+
+HostTensor token_slice(const HostTensor& t, std::int64_t first, std::int64_t count) {
+  if (t.bytes.empty()) return {};
+  std::vector<std::int64_t> shape = t.shape;
+  shape[1] = count;
+  HostTensor out = HostTensor::zeros(t.dtype, shape);
+  copy_tokens(t, first, count, out, 0);
+  return out;
+}
+
+}  // namespace
+
 ProblemResults allocate_results(const Problem& p, DType dtype) {
   std::int64_t B = p.B, T = p.T;
   if (!p.seqlens.empty()) {
     B = 1;
     T = std::accumulate(p.seqlens.begin(), p.seqlens.end(), std::int64_t{0});
   }
-  const std::int64_t N = p.sequences();
-  const DType state = dtype == DType::f64 ? DType::f64 : DType::f32;
-  ProblemResults r;
-  r.o = HostTensor::zeros(dtype, {B, T, p.HV, p.V});
-  r.final_state = HostTensor::zeros(state, {N, p.HV, p.K, p.V});
-  r.dq = HostTensor::zeros(dtype, {B, T, p.HK, p.K});
-  r.dk = HostTensor::zeros(dtype, {B, T, p.HK, p.K});
-  r.dv = HostTensor::zeros(dtype, {B, T, p.HV, p.V});
-  r.dg = HostTensor::zeros(dtype, {B, T, p.HV});
-  r.dbeta = HostTensor::zeros(dtype, {B, T, p.HV});
-  if (p.initial_state) r.dh0 = HostTensor::zeros(state, {N, p.HV, p.K, p.V});
-  return r;
+  return allocate(B, T, p.HK, p.HV, p.K, p.V, p.sequences(), p.initial_state, dtype);
+}
+
+ProblemResults allocate_results(const ProblemData& d, DType dtype) {
+  const std::int64_t N = d.cu_seqlens.bytes.empty() ? d.q.shape[0] : d.cu_seqlens.shape[0] - 1;
+  return allocate(d.q.shape[0], d.q.shape[1], d.q.shape[2], d.v.shape[2], d.q.shape[3],
+                  d.v.shape[3], N, !d.initial_state.bytes.empty(), dtype);
+}
+
+ProblemData shard_of(const ProblemData& d, int rank, int ranks) {
+  const std::int64_t T = d.q.shape[1];
+  if (ranks < 1 || T % ranks != 0)
+    throw Error("T = " + std::to_string(T) + " must be divisible by the ranks (" +
+                std::to_string(ranks) + ")");
+  const std::int64_t Tl = T / ranks, first = rank * Tl;
+  ProblemData s = d;
+  s.q = token_slice(d.q, first, Tl);
+  s.k = token_slice(d.k, first, Tl);
+  s.v = token_slice(d.v, first, Tl);
+  s.g = token_slice(d.g, first, Tl);
+  s.beta = token_slice(d.beta, first, Tl);
+  s.d_o = token_slice(d.d_o, first, Tl);
+  return s;
+}
+
+void gather_shard(const ProblemResults& shard, int rank, ProblemResults& whole) {
+  const std::int64_t Tl = shard.o.shape[1], first = rank * Tl;
+  for (auto [from, to] : {std::pair{&shard.o, &whole.o},
+                          {&shard.dq, &whole.dq},
+                          {&shard.dk, &whole.dk},
+                          {&shard.dv, &whole.dv},
+                          {&shard.dg, &whole.dg},
+                          {&shard.dbeta, &whole.dbeta}})
+    copy_tokens(*from, 0, Tl, *to, first);
+  for (auto [from, to] :
+       {std::pair{&shard.final_state, &whole.final_state}, {&shard.dh0, &whole.dh0}}) {
+    if (from->bytes.empty()) continue;
+    for (std::int64_t i = 0; i < from->numel(); ++i)
+      cpu::store(to->ref(), i, cpu::load<double>(to->ref(), i) + cpu::load<double>(from->ref(), i));
+  }
 }
 
 DeltaRuleOutputs ProblemResults::outputs() {

@@ -65,8 +65,8 @@ std::int64_t HostTensor::numel() const {
   return n;
 }
 
-TensorRef HostTensor::ref() {
-  return {bytes.data(), dtype, shape};
+TensorRef HostTensor::ref() const {
+  return {const_cast<std::byte*>(bytes.data()), dtype, shape};
 }
 
 }  // namespace gdn

@@ -46,6 +46,14 @@ struct ProblemResults {
 };
 
 ProblemResults allocate_results(const Problem& problem, DType dtype);
+ProblemResults allocate_results(const ProblemData& data, DType dtype);  // shaped like data
+
+// Context parallelism: rank r's shard of P (T divisible by P, else gdn::Error): q, k, v, g, beta
+// and d_o hold tokens [r T/P, (r+1) T/P) of every batch row; cu_seqlens and states stay global.
+ProblemData shard_of(const ProblemData& data, int rank, int ranks);
+// Puts a shard's results in place: token tensors copied, state tensors added (each state row is
+// non-zero on one rank only).
+void gather_shard(const ProblemResults& shard, int rank, ProblemResults& whole);
 
 // Relative Frobenius error ||x - ref|| / ||ref|| of two tensors of equal numel (any float dtypes).
 double relative_error(const TensorRef& x, const TensorRef& ref);

@@ -33,7 +33,7 @@ struct HostTensor {
 
   static HostTensor zeros(DType dtype, std::vector<std::int64_t> shape);
   std::int64_t numel() const;
-  TensorRef ref();
+  TensorRef ref() const;  // a view (writable: TensorRef carries no constness)
   template <typename T>
   T* as() {
     return reinterpret_cast<T*>(bytes.data());

@@ -5,68 +5,65 @@
 #include <Eigen/Dense>
 #include <cmath>
 
-#include "cpu/layout.h"
+#include "cpu/packed.h"
 
 namespace gdn::cpu {
 
 using Mat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 using Vec = Eigen::VectorXf;
+using Rows = Eigen::Map<const Mat>;  // a chunk's rows of a [.., T, D] field of Packed
+using MutableRows = Eigen::Map<Mat>;
+using Stride = Eigen::OuterStride<>;
+using Block = Eigen::Map<Mat, 0, Stride>;  // a chunk's c x c block of a [.., T, C] field
+using ConstBlock = Eigen::Map<const Mat, 0, Stride>;
 
 struct Chunk {
-  Mat q, k, v;         // [c, K], [c, K], [c, V]   (q, k l2-normalized when asked)
-  Vec q_norm, k_norm;  // [c]  the l2norm factors r (backward needs them)
-  Vec G;               // [c]  chunk-local cumulative sum of g
-  Vec beta;            // [c]
-  Vec e;               // [c]  exp(G_i)
-  Vec f;               // [c]  exp(G_last - G_i)
-  float gamma = 1;     //      exp(G_last)
-  Mat decay;           // [c, c]  exp(G_i - G_j) on and below the diagonal, 0 above
-  Mat kk;              // [c, c]  K K^T
-  Mat L;               // [c, c]  strictly_lower(diag(beta) K K^T * decay)
-  Mat w;               // [c, K]  (I + L)^-1 diag(beta e) K
-  Mat u;               // [c, V]  (I + L)^-1 diag(beta) V
-  Mat p;               // [c, c]  (Q K^T) * decay (lower, diagonal included)
+  std::int64_t c = 0, K = 0, C = 0;
+  const float *q_rows = nullptr, *k_rows = nullptr, *kk_rows = nullptr;
+  Vec G;          // [c]  chunk-local cumulative sum of g
+  Vec beta;       // [c]
+  Vec e;          // [c]  exp(G_i)
+  Vec f;          // [c]  exp(G_last - G_i)
+  float gamma{};  //      exp(G_last)
+  Mat decay;      // [c, c]  exp(G_i - G_j) on and below the diagonal, 0 above
+  Mat P;          // [c, c]  (Q K^T) * decay
+  Mat L;          // [c, c]  strictly_lower(diag(beta) K K^T * decay)
+  Mat X;          // [2c, K] [diag(beta e) K; diag(e) Q]: the rows that multiply S
+  Mat Kf;         // [c, K]  diag(f) K
 
-  // Loads tokens [t0, t0 + c) of `seq` for value head hv and builds every matrix above.
-  void prepare(const DeltaRuleInputs& in, const Layout& at, const Sequence& seq, std::int64_t hv,
-               std::int64_t t0, std::int64_t c) {
-    const std::int64_t K = at.s.K, V = at.s.V, b = seq.batch, hk = at.key_head(hv);
-    q.resize(c, K);
-    k.resize(c, K);
-    v.resize(c, V);
-    q_norm.setOnes(c);
-    k_norm.setOnes(c);
-    G.resize(c);
-    beta.resize(c);
-    float running = 0;
-    for (std::int64_t i = 0; i < c; ++i) {
-      const std::int64_t t = seq.begin + t0 + i;
-      load_row(in.q, at.qk(b, t, hk), K, q.row(i).data());
-      load_row(in.k, at.qk(b, t, hk), K, k.row(i).data());
-      load_row(in.v, at.v(b, t, hv), V, v.row(i).data());
-      if (in.use_qk_l2norm) {
-        q_norm[i] = l2_normalize(q.row(i).data(), K);
-        k_norm[i] = l2_normalize(k.row(i).data(), K);
-      }
-      running += load<float>(in.g, at.gate(b, t, hv));
-      G[i] = running;
-      beta[i] = load<float>(in.beta, at.gate(b, t, hv));
-    }
-    const float last = G[c - 1];
+  Rows q() const { return {q_rows, c, K}; }  // [c, K]  l2-normalized when asked
+  Rows k() const { return {k_rows, c, K}; }  // [c, K]
+  ConstBlock kk() const { return {kk_rows, c, c, Stride(C)}; }  // [c, c]  K K^T, lower
+
+  // Builds the chunk of tokens [t, t + c) of batch row b for value head hv from packed inputs.
+  void prepare(const Packed& p, std::int64_t b, std::int64_t hv, std::int64_t t, std::int64_t n) {
+    c = n;
+    K = p.s.K;
+    C = p.C;
+    const std::int64_t key_row = p.key_row(b, hv / (p.s.HV / p.s.HK), t);
+    const std::int64_t value_row = p.value_row(b, hv, t);
+    q_rows = p.q.data() + key_row * K;
+    k_rows = p.k.data() + key_row * K;
+    kk_rows = p.kk.data() + key_row * C;
+    const ConstBlock qk(p.qk.data() + key_row * C, c, c, Stride(C));
+    G = Eigen::Map<const Vec>(p.G.data() + value_row, c);
+    beta = Eigen::Map<const Vec>(p.beta.data() + value_row, c);
     e = G.array().exp();
-    f = (last - G.array()).exp();
-    gamma = std::exp(last);
-    decay.setZero(c, c);  // masked before exponentiating: G_i - G_j > 0 above the diagonal
-    for (std::int64_t i = 0; i < c; ++i)
-      for (std::int64_t j = 0; j <= i; ++j) decay(i, j) = std::exp(G[i] - G[j]);
-    kk.noalias() = k * k.transpose();
-    L = (beta.asDiagonal() * kk.cwiseProduct(decay)).triangularView<Eigen::StrictlyLower>();
-    w.noalias() = (beta.cwiseProduct(e)).asDiagonal() * k;
-    L.triangularView<Eigen::UnitLower>().solveInPlace(w);
-    u.noalias() = beta.asDiagonal() * v;
-    L.triangularView<Eigen::UnitLower>().solveInPlace(u);
-    p.noalias() = q * k.transpose();
-    p = p.cwiseProduct(decay);
+    f = (G[c - 1] - G.array()).exp();
+    gamma = std::exp(G[c - 1]);
+    // G is non-increasing, so G_i - G_j <= 0 on and below the diagonal: exp never overflows.
+    decay.setZero(c, c);
+    P.setZero(c, c);
+    L.setZero(c, c);
+    for (std::int64_t i = 0; i < c; ++i) {
+      decay.row(i).head(i + 1) = (G[i] - G.head(i + 1).array()).exp();
+      P.row(i).head(i + 1) = qk.row(i).head(i + 1).cwiseProduct(decay.row(i).head(i + 1));
+      L.row(i).head(i) = beta[i] * kk().row(i).head(i).cwiseProduct(decay.row(i).head(i));
+    }
+    X.resize(2 * c, K);
+    X.topRows(c).noalias() = beta.cwiseProduct(e).asDiagonal() * k();
+    X.bottomRows(c).noalias() = e.asDiagonal() * q();
+    Kf.noalias() = f.asDiagonal() * k();
   }
 };
 

@@ -9,13 +9,15 @@ void chunked_forward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
                      const DeltaRuleOutputs& out) {
   const Layout at{s};
   const std::vector<Sequence> seqs = sequences(in, s);
+  const std::vector<Span> spans = chunk_spans(seqs, in.chunk_size);
+  const Packed p = pack(in, s, spans, seqs);
   const auto scale = static_cast<float>(in.scale != 0 ? in.scale : 1.0 / std::sqrt(double(s.K)));
   const std::int64_t C = in.chunk_size;
   const auto tasks = static_cast<std::int64_t>(seqs.size()) * s.HV;
 #pragma omp parallel
   {
     Chunk x;
-    Mat S(s.K, s.V), vn, o;
+    Mat S(s.K, s.V), Y, R, O;
 #pragma omp for schedule(dynamic)
     for (std::int64_t task = 0; task < tasks; ++task) {
       const std::int64_t n = task / s.HV, hv = task % s.HV;
@@ -25,17 +27,22 @@ void chunked_forward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
       else
         S.setZero();
       for (std::int64_t t0 = 0; t0 < seq.length; t0 += C) {
-        const std::int64_t c = std::min(C, seq.length - t0);
-        x.prepare(in, at, seq, hv, t0, c);
-        vn.noalias() = x.u - x.w * S;                              // Vn = U - W S
-        o.noalias() = x.e.asDiagonal() * (x.q * S);                // diag(exp G) Q S
-        o.noalias() += x.p * vn;                                   //   + (Q K^T * decay) Vn
-        S *= x.gamma;                                              // S' = exp(G_C) S
-        S.noalias() += (x.f.asDiagonal() * x.k).transpose() * vn;  // + (diag(f) K)^T Vn
-        for (std::int64_t i = 0; i < c; ++i) {
-          o.row(i) *= scale;
-          store_row(out.o, at.v(seq.batch, seq.begin + t0 + i, hv), s.V, o.row(i).data());
-        }
+        const std::int64_t c = std::min(C, seq.length - t0), t = seq.begin + t0;
+        x.prepare(p, seq.batch, hv, t, c);
+        Y.noalias() = x.X * S;  // [diag(beta e) K S; diag(e) Q S]
+        R.resize(c, s.V);
+        for (std::int64_t i = 0; i < c; ++i)
+          load_row(in.v, at.v(seq.batch, t + i, hv), s.V, R.row(i).data());
+        R = x.beta.asDiagonal() * R - Y.topRows(c);
+        // Vn = U - W S = (I + L)^-1 (diag(beta) V - diag(beta e) K S)
+        x.L.triangularView<Eigen::UnitLower>().solveInPlace(R);
+        O = Y.bottomRows(c);
+        O.noalias() += x.P * R;  // O = scale [diag(e) Q S + P Vn]
+        O *= scale;
+        S *= x.gamma;                        // S' = exp(G_C) S
+        S.noalias() += x.Kf.transpose() * R;  //   + (diag(f) K)^T Vn
+        for (std::int64_t i = 0; i < c; ++i)
+          store_row(out.o, at.v(seq.batch, t + i, hv), s.V, O.row(i).data());
       }
       if (out.final_state.given()) store_row(out.final_state, at.state(n, hv), s.K * s.V, S.data());
     }

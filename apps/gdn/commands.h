@@ -1,0 +1,54 @@
+#pragma once
+// The tool's subcommands: each declares its options on a CLI11 subcommand and runs from a plain
+// options struct. Commands print for the user and return the exit status; gdn::Error propagates
+// to main.
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <CLI/CLI.hpp>
+
+#include "gdn/delta_rule.h"
+#include "gdn/problem.h"
+
+namespace gdn::app {
+
+// An option naming one of `choices`; help and errors list the names (CLI11's enum mapping would
+// show the enum's integers).
+template <typename T>
+CLI::Option* add_choice(CLI::App& command, const std::string& name, T& value,
+                        std::vector<std::pair<std::string, T>> choices, const std::string& help) {
+  std::vector<std::string> names;
+  for (const auto& choice : choices) names.push_back(choice.first);
+  const auto set = [&value, choices](const std::string& chosen) {
+    for (const auto& [n, v] : choices)
+      if (n == chosen) value = v;
+  };
+  return command.add_option_function<std::string>(name, set, help)
+      ->check(CLI::IsMember(names))
+      ->option_text(fmt::format("{}", fmt::join(names, "|")));
+}
+
+// gdn run: time the op on a generated problem, check it against the float64 recurrence.
+struct RunOptions {
+  Problem problem;
+  int threads = 0;  // OpenMP threads
+};
+void add_run_options(CLI::App& command, RunOptions& options);
+int run(const RunOptions& options);
+
+// gdn op: the op on tensors from a safetensors file, results to another.
+struct OpOptions {
+  std::string input, output;
+  double scale = 0;
+  bool use_qk_l2norm = false;
+  int chunk_size = 64;
+  Method method = Method::chunked;
+};
+void add_op_options(CLI::App& command, OpOptions& options);
+int op(const OpOptions& options);
+
+}  // namespace gdn::app

@@ -1,0 +1,34 @@
+// gdn: the command-line tool, the only place that prints for users or exits.
+
+#include <cstdio>
+#include <exception>
+
+#include <fmt/core.h>
+#include <CLI/CLI.hpp>
+
+#include "commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"gdn: the gated delta rule (Gated DeltaNet linear attention), forward and backward"};
+  app.require_subcommand(1);
+  app.option_defaults()->always_capture_default();
+
+  gdn::app::RunOptions run_options;
+  CLI::App* run = app.add_subcommand(
+      "run", "Time the op on a generated problem and check it against the float64 recurrence");
+  gdn::app::add_run_options(*run, run_options);
+
+  gdn::app::OpOptions op_options;
+  CLI::App* op = app.add_subcommand(
+      "op", "Run the op on tensors read from a safetensors file; write the results to another");
+  gdn::app::add_op_options(*op, op_options);
+
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (run->parsed()) return gdn::app::run(run_options);
+    return gdn::app::op(op_options);
+  } catch (const std::exception& e) {  // gdn::Error, and std::bad_alloc for oversized problems
+    fmt::print(stderr, "gdn: error: {}\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,185 @@
+// gdn run: time the chunked op on a generated Qwen3.5-like problem, then check it against the
+// float64 recurrence on one key head and its value heads.
+
+#include <omp.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <fmt/core.h>
+
+#include "commands.h"
+
+namespace gdn::app {
+namespace {
+
+// Forward FLOPs of the chunked path (spec 3), per chunk of C tokens and value head:
+//   2 (C^2 K [K K^T] + C^2 K [W = A (beta e^G K)] + C^2 V [U] + C K V [W S] + C K V [Q S]
+//      + C^2 K [Q K^T] + C^2 V [P Vn] + C K V [K^T Vn]) + C^3 / 3 [triangular solve].
+// Backward counts as 3x forward: twice the forward's products, plus the forward it recomputes.
+double forward_flops(const Problem& p) {
+  const double C = p.chunk_size, K = static_cast<double>(p.K), V = static_cast<double>(p.V);
+  const double per_chunk = 2 * (3 * C * C * K + 2 * C * C * V + 3 * C * K * V) + C * C * C / 3;
+  const std::vector<std::int64_t> lengths =
+      p.seqlens.empty() ? std::vector<std::int64_t>(static_cast<std::size_t>(p.B), p.T) : p.seqlens;
+  std::int64_t chunks = 0;
+  for (std::int64_t length : lengths) chunks += (length + p.chunk_size - 1) / p.chunk_size;
+  return per_chunk * static_cast<double>(chunks * p.HV);
+}
+
+template <typename F>
+double seconds(F&& f) {
+  const auto start = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// The first `count` entries along `axis` of a row-major tensor; "not given" stays not given.
+HostTensor first(const HostTensor& t, std::size_t axis, std::int64_t count) {
+  if (t.bytes.empty()) return {};
+  std::vector<std::int64_t> shape = t.shape;
+  shape[axis] = count;
+  HostTensor out = HostTensor::zeros(t.dtype, shape);
+  std::int64_t outer = 1, inner = static_cast<std::int64_t>(dtype_size(t.dtype));
+  for (std::size_t i = 0; i < axis; ++i) outer *= t.shape[i];
+  for (std::size_t i = axis + 1; i < t.shape.size(); ++i) inner *= t.shape[i];
+  const auto from = static_cast<std::size_t>(t.shape[axis] * inner);
+  const auto to = static_cast<std::size_t>(count * inner);
+  for (std::size_t o = 0; o < static_cast<std::size_t>(outer); ++o)
+    std::memcpy(out.bytes.data() + o * to, t.bytes.data() + o * from, to);
+  return out;
+}
+
+struct Check {
+  const char* name;
+  double error;
+};
+
+// Relative Frobenius errors against the float64 recurrence on key head 0 and its HV/HK value
+// heads: heads are independent (spec 1), so the slice's reference is exact for every output.
+std::vector<Check> check_first_head(const Problem& p, const ProblemData& data,
+                                    const ProblemResults& results) {
+  const std::int64_t G = p.HV / p.HK;
+  Problem slice_problem = p;
+  slice_problem.HK = 1;
+  slice_problem.HV = G;
+  ProblemData slice;
+  slice.q = first(data.q, 2, 1);
+  slice.k = first(data.k, 2, 1);
+  slice.v = first(data.v, 2, G);
+  slice.g = first(data.g, 2, G);
+  slice.beta = first(data.beta, 2, G);
+  slice.initial_state = first(data.initial_state, 1, G);
+  slice.cu_seqlens = data.cu_seqlens;
+  slice.d_o = first(data.d_o, 2, G);
+  slice.d_final_state = first(data.d_final_state, 1, G);
+  slice.scale = data.scale;
+  slice.use_qk_l2norm = data.use_qk_l2norm;
+  slice.chunk_size = data.chunk_size;
+
+  ProblemResults ref = allocate_results(slice_problem, DType::f64);
+  delta_rule_forward(slice.inputs(), ref.outputs(), Method::recurrent);
+  delta_rule_backward(slice.inputs(), ref.grads(slice), Method::recurrent);
+
+  struct Compared {
+    const char* name;
+    const HostTensor& result;
+    const HostTensor& reference;
+    std::size_t head_axis;
+    std::int64_t heads;
+  };
+  std::vector<Compared> compared = {{"o", results.o, ref.o, 2, G},
+                                    {"final_state", results.final_state, ref.final_state, 1, G},
+                                    {"dq", results.dq, ref.dq, 2, 1},
+                                    {"dk", results.dk, ref.dk, 2, 1},
+                                    {"dv", results.dv, ref.dv, 2, G},
+                                    {"dg", results.dg, ref.dg, 2, G},
+                                    {"dbeta", results.dbeta, ref.dbeta, 2, G}};
+  if (p.initial_state) compared.push_back({"dh0", results.dh0, ref.dh0, 1, G});
+  std::vector<Check> checks;
+  for (const Compared& c : compared) {
+    HostTensor result = first(c.result, c.head_axis, c.heads);
+    checks.push_back({c.name, relative_error(result.ref(), c.reference.ref())});
+  }
+  return checks;
+}
+
+}  // namespace
+
+void add_run_options(CLI::App& command, RunOptions& options) {
+  Problem& p = options.problem;
+  p.T = 2048;  // forward + backward in a few seconds on 2 cores
+  options.threads = omp_get_max_threads();
+  command.add_option("-B,--batch", p.B, "Batch size B")->check(CLI::PositiveNumber);
+  command.add_option("-T,--seq-len", p.T, "Tokens per sequence T")->check(CLI::PositiveNumber);
+  command.add_option("--heads-k", p.HK, "Query and key heads HK")->check(CLI::PositiveNumber);
+  command.add_option("--heads-v", p.HV, "Value heads HV, a multiple of HK")
+      ->check(CLI::PositiveNumber);
+  command.add_option("--dim-k", p.K, "Query and key head dimension K")->check(CLI::PositiveNumber);
+  command.add_option("--dim-v", p.V, "Value head dimension V")->check(CLI::PositiveNumber);
+  command.add_option("--chunk", p.chunk_size, "Chunk size C of the chunked path")
+      ->check(CLI::PositiveNumber);
+  add_choice(command, "--dtype", p.dtype,
+             {{"f32", DType::f32}, {"bf16", DType::bf16}, {"f16", DType::f16}},
+             "Storage dtype of q, k, v, beta, dO and the results (default f32)");
+  command.add_option("--seed", p.seed, "Seed of the generated inputs");
+  command.add_flag_callback(
+      "--no-l2norm", [&p] { p.use_qk_l2norm = false; },
+      "Generate unit-norm q, k instead of normalizing them in the op");
+  command.add_flag("--initial-state", p.initial_state,
+                   "Start from a random initial state (adds dh0 to the check)");
+  command.add_option("--threads", options.threads, "OpenMP threads (default: all cores)")
+      ->check(CLI::PositiveNumber);
+  command.footer(
+      "Times one forward and one backward call of the chunked path, then checks outputs, final "
+      "state and gradients of key head 0 against the float64 recurrence. GFLOP/s counts forward "
+      "FLOPs x3 for backward. Exits 1 when the largest relative error exceeds 1e-4 (f32) or 2e-2 "
+      "(bf16, f16).");
+}
+
+int run(const RunOptions& options) {
+  const Problem& p = options.problem;
+  omp_set_num_threads(options.threads);
+  fmt::print(
+      "gdn run: B={} T={} HK={} HV={} K={} V={}, {}, chunk {}, l2norm {}, seed {}, "
+      "threads {}\n",
+      p.B, p.T, p.HK, p.HV, p.K, p.V, dtype_name(p.dtype), p.chunk_size,
+      p.use_qk_l2norm ? "on" : "off", p.seed, options.threads);
+
+  ProblemData data = generate(p);
+  ProblemResults results = allocate_results(p, p.dtype);
+  const double forward = seconds([&] { delta_rule_forward(data.inputs(), results.outputs()); });
+  const double backward = seconds([&] { delta_rule_backward(data.inputs(), results.grads(data)); });
+
+  const double flops = forward_flops(p), tokens = static_cast<double>(p.B * p.T);
+  fmt::print("\n{:<18}{:>12}{:>14}{:>12}\n", "pass", "time (ms)", "tokens/s", "GFLOP/s");
+  for (const auto& [pass, time, pass_flops] :
+       {std::tuple{"forward", forward, flops}, std::tuple{"backward", backward, 3 * flops},
+        std::tuple{"forward+backward", forward + backward, 4 * flops}})
+    fmt::print("{:<18}{:>12.1f}{:>14.0f}{:>12.2f}\n", pass, time * 1e3, tokens / time,
+               pass_flops / time * 1e-9);
+  fmt::print("(GFLOP/s counts forward FLOPs x3 for backward)\n");
+
+  const double tolerance = p.dtype == DType::f32 ? 1e-4 : 2e-2;
+  fmt::print("\nrelative error against the float64 recurrence, key head 0 and value heads 0-{}:\n",
+             p.HV / p.HK - 1);
+  double max_error = 0;
+  for (const Check& c : check_first_head(p, data, results)) {
+    fmt::print("  {:<14}{:.2e}\n", c.name, c.error);
+    if (std::isnan(c.error) || c.error > max_error) max_error = c.error;  // NaN sticks and fails
+  }
+  const bool ok = max_error <= tolerance;
+  fmt::print("  {:<14}{:.2e}  (tolerance {:.0e}: {})\n", "max", max_error, tolerance,
+             ok ? "ok" : "FAILED");
+  if (ok) return 0;
+  fmt::print(stderr, "gdn: error: max relative error {:.2e} exceeds the tolerance {:.0e}\n",
+             max_error, tolerance);
+  return 1;
+}
+
+}  // namespace gdn::app

@@ -1,0 +1,56 @@
+#pragma once
+// The ranks of one context-parallel group and the few exchanges the strategies need. Every
+// strategy is written once against this interface; implementations: in-process threads (the
+// default), MPI processes, and (with the GPU work) NCCL on device buffers and streams.
+//
+// Every call blocks until its data has arrived or been handed off. A peer that does not answer
+// within the communicator's timeout makes the call throw gdn::Error naming both ranks, never hang.
+
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <vector>
+
+namespace gdn {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  virtual void send(const void* data, std::size_t bytes, int peer) = 0;
+  virtual void recv(void* data, std::size_t bytes, int peer) = 0;
+  // Sends to one peer and receives from another at once (no deadlock when every rank shifts).
+  virtual void send_recv(const void* send_data, std::size_t send_bytes, int to, void* recv_data,
+                         std::size_t recv_bytes, int from) = 0;
+  // recv holds size() blocks of `bytes`: block r is rank r's send.
+  virtual void all_gather(const void* send, void* recv, std::size_t bytes) = 0;
+  // send holds size() blocks in rank order, block r (send_bytes[r]) going to rank r; recv gets
+  // block r (recv_bytes[r]) from rank r, packed in rank order.
+  virtual void all_to_all(const void* send, const std::vector<std::size_t>& send_bytes, void* recv,
+                          const std::vector<std::size_t>& recv_bytes) = 0;
+  virtual void barrier() = 0;
+
+  std::size_t bytes_sent() const { return bytes_sent_; }  // to other ranks, since construction
+
+ protected:
+  std::size_t bytes_sent_ = 0;
+};
+
+using Timeout = std::chrono::milliseconds;
+constexpr Timeout kDefaultTimeout{60'000};
+
+// Runs fn on `ranks` threads of this process, each with its own communicator; rethrows the
+// first error any rank threw (after every rank has returned).
+void run_in_process(int ranks, const std::function<void(Communicator&)>& fn,
+                    Timeout timeout = kDefaultTimeout);
+
+// All processes of MPI_COMM_WORLD. Initializes MPI if nobody has (and then finalizes it with the
+// communicator); throws gdn::Error when gdn was built without MPI. After an error MPI's state is
+// undefined: end the job (MPI_Abort) rather than go on.
+std::unique_ptr<Communicator> mpi_world(Timeout timeout = kDefaultTimeout);
+
+}  // namespace gdn

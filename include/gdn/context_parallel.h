@@ -1,0 +1,58 @@
+#pragma once
+// The gated delta rule over P ranks, each holding a contiguous shard of the sequence (spec 4-5).
+//
+// Every rank calls cp_forward / cp_backward with its shard: q, k, v, g, beta of tokens
+// [r T/P, (r+1) T/P) (the global T must be divisible by P), and the same global tensors
+// cu_seqlens [N + 1], initial_state [N, HV, K, V] and d_final_state as a single rank would get.
+// Outputs o and the input gradients are the shard's. State rows belong to the rank where their
+// sequence starts (dh0) or ends (final_state); the other ranks leave those rows zero, so summing
+// over ranks gives the whole. Without cu_seqlens that is rank 0 (dh0) and the last rank
+// (final_state). Every strategy gives the single-rank result.
+
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "gdn/communicator.h"
+#include "gdn/delta_rule.h"
+
+namespace gdn {
+
+enum class Strategy {
+  relay,              // the true state hops rank to rank; no extra FLOPs, serial
+  summary_chain,      // each rank's affine summary (M, N); the state hops through M s + N
+  summary_allgather,  // one all-gather of every (M, N); each rank composes its prefix
+  scan,               // log2 P rounds of recursive doubling over (M, N)
+  ulysses,            // all-to-all to head shards and back (HK, HV divisible by P)
+  automatic,          // picked by the cost model of cp/cost_model.h (bench/RESULTS.md)
+};
+
+std::string_view strategy_name(Strategy strategy);  // "relay", "summary-chain", ...
+Strategy parse_strategy(std::string_view name);     // throws gdn::Error listing the names
+std::vector<Strategy> all_strategies();             // every concrete strategy (not automatic)
+
+struct CpOptions {
+  Strategy strategy = Strategy::automatic;
+  bool recompute_summary = false;  // backward rebuilds M instead of keeping it from forward
+};
+
+// One rank's side of the op. forward keeps what backward needs (the entering states, M), so call
+// backward on the same shard after forward; a later forward replaces it.
+class CpDeltaRule {
+ public:
+  CpDeltaRule(Communicator& comm, CpOptions options = {});
+  ~CpDeltaRule();
+
+  void forward(const DeltaRuleInputs& shard, const DeltaRuleOutputs& out);
+  void backward(const DeltaRuleInputs& shard, const DeltaRuleGrads& grads);
+  Strategy strategy() const;  // the one used (automatic resolved at forward)
+
+  struct Saved;
+
+ private:
+  Communicator& comm_;
+  CpOptions options_;
+  std::unique_ptr<Saved> saved_;
+};
+
+}  // namespace gdn

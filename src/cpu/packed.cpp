@@ -1,0 +1,76 @@
+#include "cpu/packed.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+
+#include "cpu/chunk.h"
+
+namespace gdn::cpu {
+
+Buffer::Buffer(std::size_t n) {
+  constexpr std::size_t kHuge = std::size_t{2} << 20;
+  const std::size_t bytes = (n * sizeof(float) + kHuge - 1) / kHuge * kHuge;
+  values_.reset(static_cast<float*>(std::aligned_alloc(kHuge, bytes)));
+  if (!values_ && bytes > 0) throw std::bad_alloc();
+  madvise(values_.get(), bytes, MADV_HUGEPAGE);  // a hint: without it, 4 KiB pages
+}
+
+std::vector<Span> chunk_spans(const std::vector<Sequence>& seqs, std::int64_t C) {
+  std::vector<Span> spans;
+  for (std::size_t n = 0; n < seqs.size(); ++n)
+    for (std::int64_t t0 = 0; t0 < seqs[n].length; t0 += C)
+      spans.push_back({static_cast<std::int64_t>(n), t0, std::min(C, seqs[n].length - t0)});
+  return spans;
+}
+
+Packed pack(const DeltaRuleInputs& in, const DeltaRuleShape& s, const std::vector<Span>& spans,
+            const std::vector<Sequence>& seqs) {
+  const Layout at{s};
+  const std::int64_t C = in.chunk_size, K = s.K, group = s.HV / s.HK;
+  const auto key_rows = static_cast<std::size_t>(s.B * s.HK * s.T);
+  const auto value_rows = static_cast<std::size_t>(s.B * s.HV * s.T);
+  Packed p{.s = s,
+           .C = C,
+           .q = Buffer(key_rows * K),
+           .k = Buffer(key_rows * K),
+           .rq = Buffer(key_rows),
+           .rk = Buffer(key_rows),
+           .qk = Buffer(key_rows * C),
+           .kk = Buffer(key_rows * C),
+           .G = Buffer(value_rows),
+           .beta = Buffer(value_rows)};
+  const auto tasks = static_cast<std::int64_t>(spans.size()) * s.HK;
+#pragma omp parallel for schedule(dynamic)
+  for (std::int64_t task = 0; task < tasks; ++task) {
+    const Span& span = spans[static_cast<std::size_t>(task / s.HK)];
+    const Sequence& seq = seqs[static_cast<std::size_t>(span.n)];
+    const std::int64_t hk = task % s.HK, b = seq.batch, t = seq.begin + span.t0, c = span.c;
+    const std::int64_t row = p.key_row(b, hk, t);
+    float *q = p.q.data() + row * K, *k = p.k.data() + row * K;
+    for (std::int64_t i = 0; i < c; ++i) {
+      load_row(in.q, at.qk(b, t + i, hk), K, q + i * K);
+      load_row(in.k, at.qk(b, t + i, hk), K, k + i * K);
+      p.rq[row + i] = in.use_qk_l2norm ? l2_normalize(q + i * K, K) : 1.0f;
+      p.rk[row + i] = in.use_qk_l2norm ? l2_normalize(k + i * K, K) : 1.0f;
+    }
+    const Rows Q(q, c, K), Kc(k, c, K);
+    Block qk(p.qk.data() + row * C, c, c, Stride(C));
+    Block kk(p.kk.data() + row * C, c, c, Stride(C));
+    qk.triangularView<Eigen::Lower>() = Q * Kc.transpose();
+    kk.triangularView<Eigen::Lower>() = Kc * Kc.transpose();
+    qk.triangularView<Eigen::StrictlyUpper>().setZero();
+    kk.triangularView<Eigen::StrictlyUpper>().setZero();
+    for (std::int64_t hv = hk * group; hv < (hk + 1) * group; ++hv) {
+      float running = 0;
+      for (std::int64_t i = 0; i < c; ++i) {
+        running += load<float>(in.g, at.gate(b, t + i, hv));  // G_i = sum_{j <= i} g_j
+        p.G[p.value_row(b, hv, t) + i] = running;
+        p.beta[p.value_row(b, hv, t) + i] = load<float>(in.beta, at.gate(b, t + i, hv));
+      }
+    }
+  }
+  return p;
+}
+
+}  // namespace gdn::cpu

@@ -1,0 +1,169 @@
+// The gdn tool end to end: `gdn op` through safetensors files against a direct library call, and
+// a clean failure (exit status 1 and a message, no crash) on bad input.
+
+#include <sys/wait.h>
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <set>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "gdn/delta_rule.h"
+#include "gdn/problem.h"
+#include "gdn/safetensors.h"
+
+namespace gdn {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Exit {
+  int status;
+  std::string message;  // stderr
+};
+
+class Cli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = fs::temp_directory_path() / (std::string("gdn_test_cli_") + info->name() + "_" +
+                                        std::to_string(std::random_device{}()));
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+
+  // Runs the built tool (GDN_CLI, from CMake) with `args`, paths in them quoted.
+  Exit gdn(const std::string& args) const {
+    const std::string err = path("stderr.txt");
+    const int raw =
+        std::system((std::string("'") + GDN_CLI + "' " + args + " 2> '" + err + "'").c_str());
+    std::ifstream f(err);
+    return {WIFEXITED(raw) ? WEXITSTATUS(raw) : -1,
+            {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()}};
+  }
+
+  fs::path dir_;
+};
+
+TensorMap inputs_of(const ProblemData& d) {
+  TensorMap m = {{"q", d.q}, {"k", d.k}, {"v", d.v}, {"g", d.g}, {"beta", d.beta}, {"do", d.d_o}};
+  if (!d.initial_state.bytes.empty()) m["initial_state"] = d.initial_state;
+  if (!d.cu_seqlens.bytes.empty()) m["cu_seqlens"] = d.cu_seqlens;
+  if (!d.d_final_state.bytes.empty()) m["dht"] = d.d_final_state;
+  return m;
+}
+
+void expect_matches(const TensorMap& out, ProblemResults& ref, const std::set<std::string>& names) {
+  std::set<std::string> written;
+  for (const auto& [name, t] : out) written.insert(name);
+  EXPECT_EQ(written, names);
+  const std::pair<const char*, HostTensor*> expected[] = {
+      {"o", &ref.o},         {"final_state", &ref.final_state},
+      {"dq", &ref.dq},       {"dk", &ref.dk},
+      {"dv", &ref.dv},       {"dg", &ref.dg},
+      {"dbeta", &ref.dbeta}, {"dh0", &ref.dh0}};
+  for (const auto& [name, r] : expected) {
+    if (!names.contains(name)) continue;
+    SCOPED_TRACE(name);
+    HostTensor t = out.at(name);
+    EXPECT_EQ(t.dtype, DType::f32);
+    EXPECT_EQ(t.shape, r->shape);
+    EXPECT_LT(relative_error(t.ref(), r->ref()), 1e-6);
+  }
+}
+
+TEST_F(Cli, OpMatchesTheLibraryOnPackedBf16InputsWithGradients) {
+  Problem p;
+  p.seqlens = {37, 64, 5};
+  p.HK = 2, p.HV = 4, p.K = 16, p.V = 8;
+  p.dtype = DType::bf16;
+  p.chunk_size = 16;
+  p.initial_state = p.final_state_grad = true;
+  p.seed = 3;
+  ProblemData data = generate(p);
+  ProblemResults ref = allocate_results(p, DType::f32);
+  delta_rule_forward(data.inputs(), ref.outputs());
+  delta_rule_backward(data.inputs(), ref.grads(data));
+
+  write_safetensors(path("in.safetensors"), inputs_of(data));
+  const Exit e = gdn(fmt::format("op '{}' '{}' --l2norm --chunk 16", path("in.safetensors"),
+                                 path("out.safetensors")));
+  ASSERT_EQ(e.status, 0) << e.message;
+  expect_matches(read_safetensors(path("out.safetensors")), ref,
+                 {"o", "final_state", "dq", "dk", "dv", "dg", "dbeta", "dh0"});
+}
+
+TEST_F(Cli, OpForwardOnlyWithTheRecurrentMethodAndAScale) {
+  Problem p;
+  p.B = 2, p.T = 20, p.HK = 1, p.HV = 3, p.K = 8, p.V = 4;
+  p.use_qk_l2norm = false;
+  ProblemData data = generate(p);
+  data.scale = 0.5;
+  ProblemResults ref = allocate_results(p, DType::f32);
+  delta_rule_forward(data.inputs(), ref.outputs(), Method::recurrent);
+
+  TensorMap in = inputs_of(data);
+  in.erase("do");
+  write_safetensors(path("in.safetensors"), in);
+  const Exit e = gdn(fmt::format("op '{}' '{}' --method recurrent --scale 0.5",
+                                 path("in.safetensors"), path("out.safetensors")));
+  ASSERT_EQ(e.status, 0) << e.message;
+  expect_matches(read_safetensors(path("out.safetensors")), ref, {"o", "final_state"});
+}
+
+// Exit status 1 and "gdn: error: " followed by every one of `parts`.
+void expect_failure(const Exit& e, std::initializer_list<std::string> parts) {
+  EXPECT_EQ(e.status, 1) << e.message;
+  EXPECT_EQ(e.message.rfind("gdn: error: ", 0), 0u) << e.message;
+  for (const std::string& part : parts)
+    EXPECT_NE(e.message.find(part), std::string::npos) << e.message << " lacks " << part;
+}
+
+TEST_F(Cli, OpFailsCleanlyOnAMalformedFile) {
+  const std::string header = R"({"q": nonsense)";  // a valid length, then broken JSON
+  std::ofstream(path("bad.safetensors"))
+      << std::string(1, static_cast<char>(header.size())) << std::string(7, '\0') << header;
+  expect_failure(gdn(fmt::format("op '{}' '{}'", path("bad.safetensors"), path("out.safetensors"))),
+                 {path("bad.safetensors")});
+  expect_failure(
+      gdn(fmt::format("op '{}' '{}'", path("none.safetensors"), path("out.safetensors"))),
+      {path("none.safetensors")});
+  EXPECT_FALSE(fs::exists(path("out.safetensors")));
+}
+
+TEST_F(Cli, OpNamesUnknownAndMissingTensors) {
+  Problem p;
+  p.T = 4, p.HK = 1, p.HV = 1, p.K = 4, p.V = 4;
+  TensorMap in = inputs_of(generate(p));
+  in["h0"] = in["q"];
+  write_safetensors(path("in.safetensors"), in);
+  const std::string args =
+      fmt::format("op '{}' '{}'", path("in.safetensors"), path("out.safetensors"));
+  expect_failure(gdn(args), {"unexpected tensor \"h0\"", "expected q, k, v, g, beta"});
+
+  in.erase("h0");
+  in.erase("beta");
+  write_safetensors(path("in.safetensors"), in);
+  expect_failure(gdn(args), {"missing tensor \"beta\""});
+}
+
+TEST_F(Cli, OpPassesOnTheLibrarysShapeErrors) {
+  Problem p;
+  p.T = 4, p.HK = 1, p.HV = 1, p.K = 4, p.V = 4;
+  TensorMap in = inputs_of(generate(p));
+  in["k"] = HostTensor::zeros(DType::f32, {1, 4, 1, 3});
+  write_safetensors(path("in.safetensors"), in);
+  expect_failure(gdn(fmt::format("op '{}' '{}'", path("in.safetensors"), path("out.safetensors"))),
+                 {"k must have shape [B, T, HK, K]"});
+}
+
+}  // namespace
+}  // namespace gdn
