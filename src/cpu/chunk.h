@@ -31,8 +31,8 @@ struct Chunk {
   Mat X;          // [2c, K] [diag(beta e) K; diag(e) Q]: the rows that multiply S
   Mat Kf;         // [c, K]  diag(f) K
 
-  Rows q() const { return {q_rows, c, K}; }  // [c, K]  l2-normalized when asked
-  Rows k() const { return {k_rows, c, K}; }  // [c, K]
+  Rows q() const { return {q_rows, c, K}; }                     // [c, K]  l2-normalized when asked
+  Rows k() const { return {k_rows, c, K}; }                     // [c, K]
   ConstBlock kk() const { return {kk_rows, c, c, Stride(C)}; }  // [c, c]  K K^T, lower
 
   // Builds the chunk of tokens [t, t + c) of batch row b for value head hv from packed inputs.

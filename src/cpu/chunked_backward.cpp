@@ -65,10 +65,12 @@ void chunked_backward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
         for (std::int64_t ci = 0; ci < chunks; ++ci) {
           const std::int64_t t0 = ci * C, c = std::min(C, seq.length - t0), t = seq.begin + t0;
           const Rows S(state + ci * KV, K, V);
-          MutableRows next(state + (ci + 1) * KV, K, V), vn(vns.data() + j * vn_stride + t0 * V, c, V);
+          MutableRows next(state + (ci + 1) * KV, K, V),
+              vn(vns.data() + j * vn_stride + t0 * V, c, V);
           x.prepare(p, b, hv, t, c);
           Y.noalias() = x.X.topRows(c) * S;
-          for (std::int64_t i = 0; i < c; ++i) load_row(in.v, at.v(b, t + i, hv), V, vn.row(i).data());
+          for (std::int64_t i = 0; i < c; ++i)
+            load_row(in.v, at.v(b, t + i, hv), V, vn.row(i).data());
           vn = x.beta.asDiagonal() * vn - Y;
           x.L.triangularView<Eigen::UnitLower>().solveInPlace(vn);
           next = x.gamma * S;
@@ -99,7 +101,7 @@ void chunked_backward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
           D.bottomRows(c) *= scale;
 
           // O = scale (Qe S + P Vn), S' = gamma S + Kf^T Vn, Vn = (I + L)^-1 R
-          dvn.noalias() = x.P.transpose() * D.bottomRows(c);
+          dvn.noalias() = x.P.triangularView<Eigen::Lower>().transpose() * D.bottomRows(c);
           dvn.noalias() += x.Kf * dS[j];
           x.L.triangularView<Eigen::UnitLower>().transpose().solveInPlace(dvn);  // dR
           D.topRows(c) = -dvn;
@@ -123,8 +125,8 @@ void chunked_backward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
 
           // P = (Q K^T) * decay
           dpd = dlp.bottomRows(c).cwiseProduct(x.decay);
-          dq.noalias() += dpd * k;
-          dk.noalias() += dpd.transpose() * q;
+          dq.noalias() += dpd.triangularView<Eigen::Lower>() * k;
+          dk.noalias() += dpd.triangularView<Eigen::Lower>().transpose() * q;
           t_pair = dlp.bottomRows(c).cwiseProduct(x.P);
           add_pair_terms(t_pair, dG);
 

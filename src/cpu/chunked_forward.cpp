@@ -37,9 +37,9 @@ void chunked_forward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
         // Vn = U - W S = (I + L)^-1 (diag(beta) V - diag(beta e) K S)
         x.L.triangularView<Eigen::UnitLower>().solveInPlace(R);
         O = Y.bottomRows(c);
-        O.noalias() += x.P * R;  // O = scale [diag(e) Q S + P Vn]
+        O.noalias() += x.P.triangularView<Eigen::Lower>() * R;  // O = scale [diag(e) Q S + P Vn]
         O *= scale;
-        S *= x.gamma;                        // S' = exp(G_C) S
+        S *= x.gamma;                         // S' = exp(G_C) S
         S.noalias() += x.Kf.transpose() * R;  //   + (diag(f) K)^T Vn
         for (std::int64_t i = 0; i < c; ++i)
           store_row(out.o, at.v(seq.batch, t + i, hv), s.V, O.row(i).data());

@@ -1,0 +1,87 @@
+// Context parallelism on the CPU, in-process ranks (each rank gets cores / P OpenMP threads):
+// the cost of an affine summary relative to a local pass (spec 4), and every strategy's time.
+// Qwen3.5-like heads (HK=16, HV=32, K=V=128), f32.
+#include <benchmark/benchmark.h>
+#include <omp.h>
+
+#include <algorithm>
+
+#include "cpu/summary.h"
+#include "gdn/context_parallel.h"
+#include "gdn/delta_rule.h"
+#include "gdn/problem.h"
+
+namespace {
+
+gdn::Problem problem(std::int64_t T) {
+  gdn::Problem p;
+  p.T = T;
+  p.initial_state = true;
+  return p;
+}
+
+// One shard's local forward, its summary (M and N), the local backward and its G pass.
+void local_pass(benchmark::State& state) {
+  const gdn::Problem p = problem(state.range(0));
+  gdn::ProblemData data = gdn::generate(p);
+  gdn::ProblemResults r = gdn::allocate_results(p, gdn::DType::f32);
+  const gdn::DeltaRuleInputs in = data.inputs();
+  const gdn::DeltaRuleShape s = gdn::validate(in);
+  std::vector<float> M(static_cast<std::size_t>(p.HV * p.K * p.K)), N(p.HV * p.K * p.V);
+  for (auto _ : state) {
+    switch (state.range(1)) {
+      case 0:
+        gdn::delta_rule_forward(in, r.outputs());
+        break;
+      case 1:
+        gdn::cpu::chunked_summary(in, s, 0, M.data(), N.data());
+        break;
+      case 2:
+        gdn::delta_rule_backward(in, r.grads(data));
+        break;
+      case 3:
+        gdn::cpu::chunked_initial_state_grad(in, s, 0, data.d_o.ref(), nullptr, N.data());
+    }
+  }
+  state.SetLabel(state.range(1) == 0   ? "forward"
+                 : state.range(1) == 1 ? "summary (M, N)"
+                 : state.range(1) == 2 ? "backward"
+                                       : "G pass");
+}
+
+void strategy(benchmark::State& state) {
+  const gdn::Problem p = problem(state.range(0));
+  const int ranks = static_cast<int>(state.range(1));
+  const auto strategy = static_cast<gdn::Strategy>(state.range(2));
+  const bool backward = state.range(3) != 0;
+  gdn::ProblemData data = gdn::generate(p);
+  const int cores = omp_get_max_threads();
+  std::size_t bytes = 0;
+  for (auto _ : state) {
+    gdn::run_in_process(ranks, [&](gdn::Communicator& comm) {
+      omp_set_num_threads(std::max(1, cores / ranks));
+      gdn::ProblemData shard = gdn::shard_of(data, comm.rank(), ranks);
+      gdn::ProblemResults r = gdn::allocate_results(shard, gdn::DType::f32);
+      gdn::CpDeltaRule op(comm, {strategy});
+      op.forward(shard.inputs(), r.outputs());
+      if (backward) op.backward(shard.inputs(), r.grads(shard));
+      if (comm.rank() == 0) bytes = comm.bytes_sent();
+    });
+  }
+  state.counters["sent/rank0 MB"] = static_cast<double>(bytes) * 1e-6;
+  state.SetLabel(std::string(gdn::strategy_name(strategy)) + (backward ? " fwd+bwd" : " fwd"));
+}
+
+BENCHMARK(local_pass)
+    ->ArgsProduct({{1024}, {0, 1, 2, 3}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(strategy)
+    ->ArgsProduct({{2048}, {2, 4}, {0, 1, 2, 3, 4}, {0, 1}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->Iterations(2);
+
+}  // namespace
+
+BENCHMARK_MAIN();

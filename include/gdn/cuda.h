@@ -1,0 +1,41 @@
+#pragma once
+// The gated delta rule on an NVIDIA Hopper GPU (sm_90a): forward and backward on device pointers.
+//
+// Same DeltaRuleInputs / DeltaRuleOutputs / DeltaRuleGrads as the CPU path, with every tensor's
+// data in device memory. Supported: q, k, v (and beta) in bf16 or f16, beta also f32, g f32,
+// states f32, K = V = 128, chunk_size 64, grouped heads, in-kernel l2norm, varlen.
+// The library never allocates, never synchronizes and runs everything on `stream`: the caller
+// gives a device workspace of at least the queried size (256-byte aligned).
+
+#include <cstddef>
+
+#include "gdn/delta_rule.h"
+
+struct CUstream_st;  // cudaStream_t without the CUDA headers
+
+namespace gdn {
+
+struct CudaContext {
+  CUstream_st* stream = nullptr;  // nullptr: the legacy default stream
+  void* workspace = nullptr;      // device memory, >= the queried bytes
+  std::size_t workspace_bytes = 0;
+  // With varlen, a host copy of inputs.cu_seqlens ([N + 1], i32 or i64): the shapes are
+  // validated from it without a device-to-host copy (the kernels read the device copy).
+  TensorRef cu_seqlens_host;
+};
+
+// Workspace bytes for a forward or a backward of these inputs (shapes only; data is not read,
+// except cu_seqlens_host for varlen).
+std::size_t delta_rule_forward_cuda_workspace(const DeltaRuleInputs& in,
+                                              const TensorRef& cu_seqlens_host = {});
+std::size_t delta_rule_backward_cuda_workspace(const DeltaRuleInputs& in,
+                                               const TensorRef& cu_seqlens_host = {});
+
+// o (and final_state when given) from the inputs. Throws gdn::Error naming a bad argument.
+void delta_rule_forward_cuda(const DeltaRuleInputs& in, const DeltaRuleOutputs& out,
+                             const CudaContext& ctx);
+// Every gradient; recomputes the forward's intermediates in the workspace (nothing is saved).
+void delta_rule_backward_cuda(const DeltaRuleInputs& in, const DeltaRuleGrads& grads,
+                              const CudaContext& ctx);
+
+}  // namespace gdn

@@ -1,0 +1,12 @@
+#pragma once
+// The layer's 2-D padding mask (spec 5-6): x [B, T, D] <- x * mask[B, T] (1 keeps a token, 0 drops
+// it; under context parallelism each rank passes its shard of both). Any other mask shape is
+// rejected with gdn::Error. The backward is the same product applied to the gradient.
+
+#include "gdn/tensor.h"
+
+namespace gdn {
+
+void apply_padding_mask(const TensorRef& x, const TensorRef& mask);
+
+}  // namespace gdn

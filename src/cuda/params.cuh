@@ -1,0 +1,87 @@
+#pragma once
+// The one params struct of the CUDA delta rule: inputs, outputs, gradients and the workspace's
+// intermediates, filled by the launcher (delta_rule.cu) and read by every kernel.
+//
+// A chunk slot `cid` indexes the chunks of all sequences (sequence n's chunks are
+// chunk_begin[n] .. chunk_begin[n + 1] - 1); per-(chunk, value head) intermediates are stored at
+// slot (cid * HV + hv), padded to 64 rows with zeros.
+
+#include <cstdint>
+
+#include "cuda/common.cuh"
+
+namespace gdn::cuda {
+
+struct ChunkInfo {
+  int n;     // sequence
+  int b;     // batch row
+  int t0;    // first token, within the batch row
+  int len;   // tokens in the chunk (1..64); 0 marks an unused slot
+  int index; // chunk index within its sequence
+};
+
+struct Params {
+  // Shapes. N sequences; NC chunk slots (an upper bound on the chunk count).
+  int B, T, HK, HV, N, NC;
+  float scale;
+  bool l2norm;
+  int beta_code;  // 0 f32, 1 bf16, 2 f16 (the dtype of beta; dbeta has the same code)
+
+  // Inputs (device).
+  const void* q;             // [B, T, HK, K]  In
+  const void* k;             // [B, T, HK, K]  In
+  const void* v;             // [B, T, HV, V]  In
+  const float* g;            // [B, T, HV]
+  const void* beta;          // [B, T, HV]     beta_code
+  const float* h0;           // [N, HV, K, V]  optional
+  const void* cu_seqlens;    // [N + 1]        optional
+  bool cu_seqlens_i64;
+
+  // Workspace.
+  ChunkInfo* chunks;   // [NC]
+  int* chunk_begin;    // [N + 1]
+  int* seq_begin;      // [N]  first token of each sequence (batch row from chunks)
+  int* seq_len;        // [N]
+  bf16* qn;            // [B, T, HK, K]  q (l2-normalized when asked), bf16
+  bf16* kn;            // [B, T, HK, K]
+  float* rq;           // [B, T, HK]     rsqrt(sum q^2 + 1e-6) (1 without l2norm)
+  float* rk;           // [B, T, HK]
+  float* G;            // [NC, HV, 64]   chunk-local cumsum of g (padded rows: the last value)
+  bf16* W;             // [NC, HV, 64, K]  A diag(beta e) K
+  bf16* U;             // [NC, HV, 64, V]  A diag(beta) V
+  bf16* A;             // [NC, HV, 64, 64] (I + L)^-1 (backward only)
+  bf16* h;             // [NC, HV, K, V]   state entering each chunk
+  bf16* vn;            // [NC, HV, 64, V]  Vn = U - W S
+
+  // Forward outputs.
+  void* o;             // [B, T, HV, V]  In, optional (the backward's recompute skips it)
+  float* ht;           // [N, HV, K, V]  optional
+
+  // Backward.
+  const void* d_o;     // [B, T, HV, V]  In
+  const float* dht;    // [N, HV, K, V]  optional
+  float* dv_local;     // [NC, HV, 64, V]  scale P^T dO
+  bf16* dh;            // [NC, HV, K, V]   gradient of the state leaving each chunk
+  bf16* dvn;           // [NC, HV, 64, V]  dVn
+  float* dq_hv;        // [B, T, HV, K]  per value head, before the group sum and the l2norm
+  float* dk_hv;        // [B, T, HV, K]
+  void* dq;            // [B, T, HK, K]  In
+  void* dk;            // [B, T, HK, K]  In
+  void* dv;            // [B, T, HV, V]  In
+  float* dg;           // [B, T, HV]
+  void* dbeta;         // [B, T, HV]     beta_code
+  float* dh0;          // [N, HV, K, V]  optional
+};
+
+// Offsets of a token's rows.
+__device__ inline long long qk_row(const Params& p, int b, int t, int hk) {
+  return ((static_cast<long long>(b) * p.T + t) * p.HK + hk);
+}
+__device__ inline long long v_row(const Params& p, int b, int t, int hv) {
+  return ((static_cast<long long>(b) * p.T + t) * p.HV + hv);
+}
+__device__ inline long long slot(const Params& p, int cid, int hv) {
+  return static_cast<long long>(cid) * p.HV + hv;
+}
+
+}  // namespace gdn::cuda
