@@ -101,6 +101,30 @@ TEST_F(Cli, OpMatchesTheLibraryOnPackedBf16InputsWithGradients) {
                  {"o", "final_state", "dq", "dk", "dv", "dg", "dbeta", "dh0"});
 }
 
+// Same file in, same results out over 3 in-process ranks, packed sequences straddling them.
+TEST_F(Cli, OpOverRanksMatchesTheSingleRankLibrary) {
+  Problem p;
+  p.seqlens = {37, 64, 25};
+  p.HK = 2, p.HV = 4, p.K = 16, p.V = 8;
+  p.chunk_size = 16;
+  p.initial_state = p.final_state_grad = true;
+  p.seed = 4;
+  ProblemData data = generate(p);
+  ProblemResults ref = allocate_results(p, DType::f32);
+  delta_rule_forward(data.inputs(), ref.outputs());
+  delta_rule_backward(data.inputs(), ref.grads(data));
+
+  write_safetensors(path("in.safetensors"), inputs_of(data));
+  for (const char* strategy : {"relay", "summary-chain", "scan"}) {
+    SCOPED_TRACE(strategy);
+    const Exit e = gdn(fmt::format("op '{}' '{}' --l2norm --chunk 16 --ranks 3 --strategy {}",
+                                   path("in.safetensors"), path("out.safetensors"), strategy));
+    ASSERT_EQ(e.status, 0) << e.message;
+    expect_matches(read_safetensors(path("out.safetensors")), ref,
+                   {"o", "final_state", "dq", "dk", "dv", "dg", "dbeta", "dh0"});
+  }
+}
+
 TEST_F(Cli, OpForwardOnlyWithTheRecurrentMethodAndAScale) {
   Problem p;
   p.B = 2, p.T = 20, p.HK = 1, p.HV = 3, p.K = 8, p.V = 4;

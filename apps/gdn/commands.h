@@ -35,7 +35,9 @@ CLI::Option* add_choice(CLI::App& command, const std::string& name, T& value,
 // gdn run: time the op on a generated problem, check it against the float64 recurrence.
 struct RunOptions {
   Problem problem;
-  int threads = 0;  // OpenMP threads
+  int threads = 0;                // OpenMP threads (shared by in-process ranks)
+  int ranks = 1;                  // context parallel: in-process ranks (mpirun: its processes)
+  std::string strategy = "auto";  // a strategy name, or "all"
 };
 void add_run_options(CLI::App& command, RunOptions& options);
 int run(const RunOptions& options);
@@ -47,6 +49,8 @@ struct OpOptions {
   bool use_qk_l2norm = false;
   int chunk_size = 64;
   Method method = Method::chunked;
+  int ranks = 1;  // context parallel, as for gdn run
+  std::string strategy = "auto";
 };
 void add_op_options(CLI::App& command, OpOptions& options);
 int op(const OpOptions& options);

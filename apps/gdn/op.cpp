@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "commands.h"
+#include "context_parallel_job.h"
 #include "gdn/error.h"
 #include "gdn/safetensors.h"
 
@@ -45,6 +46,12 @@ void add_op_options(CLI::App& command, OpOptions& options) {
                    "L2-normalize q and k in the op (use_qk_l2norm_in_kernel)");
   command.add_option("--chunk", options.chunk_size, "Chunk size C of the chunked method")
       ->check(CLI::PositiveNumber);
+  command
+      .add_option("--ranks", options.ranks,
+                  "Context parallel over this many in-process ranks (under mpirun: its "
+                  "processes); T must be divisible by it")
+      ->check(CLI::PositiveNumber);
+  command.add_option("--strategy", options.strategy, "Context-parallel strategy (with --ranks)");
   add_choice(command, "--method", options.method,
              {{"chunked", Method::chunked}, {"recurrent", Method::recurrent}},
              "chunked (float32) or recurrent (float64, the oracle); default chunked");
@@ -61,42 +68,58 @@ int op(const OpOptions& options) {
   if (in.contains("dht") && !in.contains("do"))
     throw Error(
         fmt::format("{}: dht is given without do: the backward pass needs do", options.input));
-  const auto given = [&](const char* name) {
+  const auto take = [&](const char* name) {
     const auto it = in.find(name);
-    return it == in.end() ? TensorRef{} : it->second.ref();
+    return it == in.end() ? HostTensor{} : std::move(it->second);
   };
+  ProblemData data;
+  data.q = take("q");
+  data.k = take("k");
+  data.v = take("v");
+  data.g = take("g");
+  data.beta = take("beta");
+  data.initial_state = take("initial_state");
+  data.cu_seqlens = take("cu_seqlens");
+  data.d_o = take("do");
+  data.d_final_state = take("dht");
+  data.scale = options.scale;
+  data.use_qk_l2norm = options.use_qk_l2norm;
+  data.chunk_size = options.chunk_size;
+  const bool backward = !data.d_o.bytes.empty();
+  validate(data.inputs());  // names the argument before anything runs
 
-  DeltaRuleInputs inputs;
-  inputs.q = given("q");
-  inputs.k = given("k");
-  inputs.v = given("v");
-  inputs.g = given("g");
-  inputs.beta = given("beta");
-  inputs.initial_state = given("initial_state");
-  inputs.cu_seqlens = given("cu_seqlens");
-  inputs.scale = options.scale;
-  inputs.use_qk_l2norm = options.use_qk_l2norm;
-  inputs.chunk_size = options.chunk_size;
-  const DeltaRuleShape s = validate(inputs);
+  std::unique_ptr<Communicator> world = launched_by_mpirun() ? mpi_world() : nullptr;
+  ProblemResults results;
+  if (!world && options.ranks == 1) {
+    results = allocate_results(data, DType::f32);
+    delta_rule_forward(data.inputs(), results.outputs(), options.method);
+    if (backward) delta_rule_backward(data.inputs(), results.grads(data), options.method);
+  } else {
+    if (options.method != Method::chunked)
+      throw Error("--method recurrent runs on one rank: drop --ranks (or mpirun)");
+    const CpOptions cp{parse_strategy(options.strategy)};
+    CpStats stats;
+    if (world) {
+      results = run_context_parallel(*world, data, cp, backward, stats);
+      if (world->rank() != 0) return 0;  // rank 0 writes the file
+    } else {
+      run_in_process(options.ranks, [&](Communicator& comm) {
+        ProblemResults whole = run_context_parallel(comm, data, cp, backward, stats);
+        if (comm.rank() == 0) results = std::move(whole);
+      });
+    }
+  }
 
   TensorMap out;
-  const auto result = [&](const char* name, std::vector<std::int64_t> shape) {
-    return (out[name] = HostTensor::zeros(DType::f32, std::move(shape))).ref();
-  };
-  delta_rule_forward(
-      inputs, {result("o", {s.B, s.T, s.HV, s.V}), result("final_state", {s.N, s.HV, s.K, s.V})},
-      options.method);
-  if (in.contains("do")) {
-    DeltaRuleGrads grads;
-    grads.d_o = given("do");
-    grads.d_final_state = given("dht");
-    grads.dq = result("dq", {s.B, s.T, s.HK, s.K});
-    grads.dk = result("dk", {s.B, s.T, s.HK, s.K});
-    grads.dv = result("dv", {s.B, s.T, s.HV, s.V});
-    grads.dg = result("dg", {s.B, s.T, s.HV});
-    grads.dbeta = result("dbeta", {s.B, s.T, s.HV});
-    if (inputs.initial_state.given()) grads.dh0 = result("dh0", {s.N, s.HV, s.K, s.V});
-    delta_rule_backward(inputs, grads, options.method);
+  out["o"] = std::move(results.o);
+  out["final_state"] = std::move(results.final_state);
+  if (backward) {
+    out["dq"] = std::move(results.dq);
+    out["dk"] = std::move(results.dk);
+    out["dv"] = std::move(results.dv);
+    out["dg"] = std::move(results.dg);
+    out["dbeta"] = std::move(results.dbeta);
+    if (!data.initial_state.bytes.empty()) out["dh0"] = std::move(results.dh0);
   }
   write_safetensors(options.output, out);
   return 0;

@@ -14,6 +14,7 @@
 #include <fmt/core.h>
 
 #include "commands.h"
+#include "context_parallel_job.h"
 
 namespace gdn::app {
 namespace {
@@ -135,24 +136,90 @@ void add_run_options(CLI::App& command, RunOptions& options) {
                    "Start from a random initial state (adds dh0 to the check)");
   command.add_option("--threads", options.threads, "OpenMP threads (default: all cores)")
       ->check(CLI::PositiveNumber);
+  command
+      .add_option("--ranks", options.ranks,
+                  "Context parallel over this many in-process ranks (under mpirun: its "
+                  "processes); T must be divisible by it")
+      ->check(CLI::PositiveNumber);
+  std::vector<std::string> strategies = {"all"};
+  for (Strategy s : all_strategies()) strategies.emplace_back(strategy_name(s));
+  strategies.emplace_back(strategy_name(Strategy::automatic));
+  command.add_option("--strategy", options.strategy, "Context-parallel strategy, or all of them")
+      ->check(CLI::IsMember(strategies))
+      ->option_text(fmt::format("{}", fmt::join(strategies, "|")));
   command.footer(
       "Times one forward and one backward call of the chunked path, then checks outputs, final "
       "state and gradients of key head 0 against the float64 recurrence. GFLOP/s counts forward "
       "FLOPs x3 for backward. Exits 1 when the largest relative error exceeds 1e-4 (f32) or 2e-2 "
-      "(bf16, f16).");
+      "(bf16, f16). With --ranks (or under mpirun) it then runs the context-parallel strategies "
+      "on shards of the same problem and prints their times, the bytes each rank sent and the "
+      "error against the single-rank result.");
 }
 
-int run(const RunOptions& options) {
-  const Problem& p = options.problem;
-  omp_set_num_threads(options.threads);
-  fmt::print(
-      "gdn run: B={} T={} HK={} HV={} K={} V={}, {}, chunk {}, l2norm {}, seed {}, "
-      "threads {}\n",
-      p.B, p.T, p.HK, p.HV, p.K, p.V, dtype_name(p.dtype), p.chunk_size,
-      p.use_qk_l2norm ? "on" : "off", p.seed, options.threads);
+namespace {
 
-  ProblemData data = generate(p);
-  ProblemResults results = allocate_results(p, p.dtype);
+// Each strategy over the ranks, against the single-rank results; true when all are within
+// tolerance. Under mpirun only rank 0 prints.
+bool run_strategies(const RunOptions& options, Communicator* world, const ProblemData& data,
+                    const ProblemResults& single, double tolerance) {
+  std::vector<Strategy> strategies;
+  if (options.strategy == "all")
+    strategies = all_strategies();
+  else
+    strategies = {parse_strategy(options.strategy)};
+  const bool mpi = world != nullptr;
+  const int ranks = mpi ? world->size() : options.ranks;
+  const bool printer = !mpi || world->rank() == 0;
+  const double tokens = static_cast<double>(options.problem.B * options.problem.T);
+  if (printer)
+    fmt::print("\ncontext parallel over {} {}:\n{:<19}{:>10}{:>14}{:>14}{:>14}{:>13}\n", ranks,
+               mpi ? "MPI processes" : "in-process ranks", "strategy", "fwd (ms)", "fwd+bwd (ms)",
+               "tokens/s", "sent/rank MB", "error");
+  bool ok = true;
+  for (Strategy strategy : strategies) {
+    if (strategy == Strategy::ulysses &&
+        (options.problem.HK % ranks != 0 || options.problem.HV % ranks != 0)) {
+      if (printer) fmt::print("{:<19}(needs HK and HV divisible by {})\n", "ulysses", ranks);
+      continue;
+    }
+    CpStats stats;
+    ProblemResults cp;
+    const auto job = [&](Communicator& comm) {
+      CpStats mine;
+      ProblemResults whole = run_context_parallel(comm, data, {strategy}, true, mine);
+      if (comm.rank() == 0) stats = mine, cp = std::move(whole);
+    };
+    if (mpi) {
+      job(*world);
+    } else {
+      run_in_process(ranks, [&](Communicator& comm) {
+        omp_set_num_threads(std::max(1, options.threads / ranks));
+        job(comm);
+      });
+    }
+    if (!printer) continue;
+    double error = 0;
+    ProblemResults& reference = const_cast<ProblemResults&>(single);
+    for (auto field : {&ProblemResults::o, &ProblemResults::final_state, &ProblemResults::dq,
+                       &ProblemResults::dk, &ProblemResults::dv, &ProblemResults::dg,
+                       &ProblemResults::dbeta, &ProblemResults::dh0})
+      if (!(reference.*field).bytes.empty())
+        error = std::max(error, relative_error((cp.*field).ref(), (reference.*field).ref()));
+    ok = ok && error <= tolerance;
+    const std::string name = strategy == stats.strategy
+                                 ? std::string(strategy_name(strategy))
+                                 : fmt::format("auto: {}", strategy_name(stats.strategy));
+    fmt::print("{:<19}{:>10.1f}{:>14.1f}{:>14.0f}{:>14.2f}{:>13.2e}\n", name,
+               stats.forward_seconds * 1e3, stats.total_seconds * 1e3, tokens / stats.total_seconds,
+               static_cast<double>(stats.bytes_sent) * 1e-6, error);
+  }
+  return ok;
+}
+
+// The single-rank pass: time forward and backward, check key head 0 against the float64
+// recurrence. Returns whether the errors are within tolerance.
+bool run_single_rank(const Problem& p, ProblemData& data, ProblemResults& results,
+                     double tolerance) {
   const double forward = seconds([&] { delta_rule_forward(data.inputs(), results.outputs()); });
   const double backward = seconds([&] { delta_rule_backward(data.inputs(), results.grads(data)); });
 
@@ -165,7 +232,6 @@ int run(const RunOptions& options) {
                pass_flops / time * 1e-9);
   fmt::print("(GFLOP/s counts forward FLOPs x3 for backward)\n");
 
-  const double tolerance = p.dtype == DType::f32 ? 1e-4 : 2e-2;
   fmt::print("\nrelative error against the float64 recurrence, key head 0 and value heads 0-{}:\n",
              p.HV / p.HK - 1);
   double max_error = 0;
@@ -176,9 +242,32 @@ int run(const RunOptions& options) {
   const bool ok = max_error <= tolerance;
   fmt::print("  {:<14}{:.2e}  (tolerance {:.0e}: {})\n", "max", max_error, tolerance,
              ok ? "ok" : "FAILED");
+  return ok;
+}
+
+}  // namespace
+
+int run(const RunOptions& options) {
+  const Problem& p = options.problem;
+  omp_set_num_threads(options.threads);
+  std::unique_ptr<Communicator> world = launched_by_mpirun() ? mpi_world() : nullptr;
+  const bool printer = !world || world->rank() == 0;
+  if (printer)
+    fmt::print(
+        "gdn run: B={} T={} HK={} HV={} K={} V={}, {}, chunk {}, l2norm {}, seed {}, "
+        "threads {}\n",
+        p.B, p.T, p.HK, p.HV, p.K, p.V, dtype_name(p.dtype), p.chunk_size,
+        p.use_qk_l2norm ? "on" : "off", p.seed, options.threads);
+
+  ProblemData data = generate(p);
+  ProblemResults results = allocate_results(p, p.dtype);
+  const double tolerance = p.dtype == DType::f32 ? 1e-4 : 2e-2;
+  bool ok = !printer || run_single_rank(p, data, results, tolerance);
+  if (world || options.ranks > 1)
+    ok = run_strategies(options, world.get(), data, results, tolerance) && ok;
   if (ok) return 0;
-  fmt::print(stderr, "gdn: error: max relative error {:.2e} exceeds the tolerance {:.0e}\n",
-             max_error, tolerance);
+  if (printer)
+    fmt::print(stderr, "gdn: error: a relative error exceeds the tolerance {:.0e}\n", tolerance);
   return 1;
 }
 

@@ -32,6 +32,9 @@ class Communicator {
   // block r (recv_bytes[r]) from rank r, packed in rank order.
   virtual void all_to_all(const void* send, const std::vector<std::size_t>& send_bytes, void* recv,
                           const std::vector<std::size_t>& recv_bytes) = 0;
+  // data[0, count) <- its sum over every rank, the same on every rank. Counted in bytes_sent()
+  // as its all-gather equivalent: count * 4 bytes to each other rank.
+  virtual void all_reduce_sum(float* data, std::size_t count) = 0;
   virtual void barrier() = 0;
 
   std::size_t bytes_sent() const { return bytes_sent_; }  // to other ranks, since construction

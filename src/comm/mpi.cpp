@@ -95,6 +95,15 @@ class Mpi final : public Communicator {
       if (r != rank_) bytes_sent_ += send_bytes[static_cast<std::size_t>(r)];
   }
 
+  void all_reduce_sum(float* data, std::size_t floats) override {
+    const std::string what = fmt::format("all_reduce_sum of {} floats", floats);
+    const int n = count(floats * sizeof(float), what) / static_cast<int>(sizeof(float));
+    MPI_Request request;
+    GDN_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data, n, MPI_FLOAT, MPI_SUM, comm_, &request));
+    wait(request, what, deadline());
+    bytes_sent_ += floats * sizeof(float) * static_cast<std::size_t>(size_ - 1);
+  }
+
   void barrier() override {
     MPI_Request request;
     GDN_MPI_CHECK(MPI_Ibarrier(comm_, &request));

@@ -59,13 +59,12 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(Params p) {
   __syncthreads();
   if (tid < kC) p.G[s * kC + tid] = G[tid];
 
-  const In* v = static_cast<const In*>(p.v) + v_row(p, b, t0, hv) * kD;
+  load_token_rows(vb, static_cast<const In*>(p.v) + v_row(p, b, t0, hv) * kD, p.HV, len, beta);
   for (int idx = tid; idx < kC * kD; idx += kThreads) {
     const int i = idx / kD, j = idx % kD;
     kb[i * kLdH + j] = from_float<bf16>(beta[i] * __expf(G[i]) * to_float(ks[i * kLdH + j]));
-    const float vi = i < len ? to_float(v[static_cast<long long>(i) * p.HV * kD + j]) : 0.0f;
-    vb[i * kLdH + j] = from_float<bf16>(beta[i] * vi);
   }
+  __syncthreads();
   block_gemm<kC, kC, kD, Row, Col>(ks, kLdH, ks, kLdH, kk, kLdF64);  // K K^T
   __syncthreads();
   for (int idx = tid; idx < kC * kC; idx += kThreads) {

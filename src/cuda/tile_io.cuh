@@ -5,34 +5,53 @@
 
 namespace gdn::cuda {
 
+// All loads below are cp.async copies that this thread waits for before returning: every copy
+// of a tile is in flight at once (a plain load-then-store loop waits one memory latency per
+// iteration). The caller still syncs the block before reading the tile.
+
 // rows x 128 bf16 from `src` (row r at src + r * 128) into dst[rows][kLdH]; rows >= valid are 0.
 __device__ inline void load_rows_bf16(bf16* dst, const bf16* src, int rows, int valid) {
   for (int idx = threadIdx.x; idx < rows * 16; idx += blockDim.x) {
     const int r = idx / 16, part = idx % 16;
-    uint4 value = make_uint4(0, 0, 0, 0);
-    if (r < valid) value = *reinterpret_cast<const uint4*>(src + r * kD + part * 8);
-    *reinterpret_cast<uint4*>(dst + r * kLdH + part * 8) = value;
+    cp_async16(dst + r * kLdH + part * 8, r < valid ? src + r * kD + part * 8 : src, r < valid);
   }
+  cp_async_commit();
+  cp_async_wait<0>();
 }
 
-// 64 token rows of a [.., heads, 128] bf16 tensor: row r at base + r * stride_rows * 128.
-__device__ inline void load_token_rows_bf16(bf16* dst, const bf16* base, long long stride, int valid) {
+// 64 token rows of a [.., heads, 128] 16-bit tensor: row r at base + r * stride * 128.
+template <typename T>
+__device__ inline void load_token_rows_raw(T* dst, const T* base, long long stride, int valid) {
+  static_assert(sizeof(T) == 2);
   for (int idx = threadIdx.x; idx < kC * 16; idx += blockDim.x) {
     const int r = idx / 16, part = idx % 16;
-    uint4 value = make_uint4(0, 0, 0, 0);
-    if (r < valid) value = *reinterpret_cast<const uint4*>(base + r * stride * kD + part * 8);
-    *reinterpret_cast<uint4*>(dst + r * kLdH + part * 8) = value;
+    cp_async16(dst + r * kLdH + part * 8, r < valid ? base + r * stride * kD + part * 8 : base,
+               r < valid);
   }
+  cp_async_commit();
+  cp_async_wait<0>();
 }
 
-// The same for an In-typed tensor, converted to bf16 (times `factor`).
+__device__ inline void load_token_rows_bf16(bf16* dst, const bf16* base, long long stride,
+                                            int valid) {
+  load_token_rows_raw(dst, base, stride, valid);
+}
+
+// The same for an In-typed tensor, converted to bf16 times factor[r] (1 when factor is null),
+// in place by the thread that copied each 8 elements.
 template <typename In>
 __device__ inline void load_token_rows(bf16* dst, const In* base, long long stride, int valid,
-                                       float factor = 1.0f) {
-  for (int idx = threadIdx.x; idx < kC * kD; idx += blockDim.x) {
-    const int r = idx / kD, j = idx % kD;
-    const float x = r < valid ? to_float(base[r * stride * kD + j]) * factor : 0.0f;
-    dst[r * kLdH + j] = from_float<bf16>(x);
+                                       const float* factor = nullptr) {
+  In* raw = reinterpret_cast<In*>(dst);
+  load_token_rows_raw(raw, base, stride, valid);
+  if (std::is_same_v<In, bf16> && factor == nullptr) return;
+  for (int idx = threadIdx.x; idx < kC * 16; idx += blockDim.x) {
+    const int r = idx / 16, part = idx % 16;
+    const float scale = factor ? factor[r] : 1.0f;
+    for (int e = 0; e < 8; ++e) {
+      const int at = r * kLdH + part * 8 + e;
+      dst[at] = from_float<bf16>(to_float(raw[at]) * scale);
+    }
   }
 }
 

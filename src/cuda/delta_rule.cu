@@ -1,0 +1,224 @@
+// The public CUDA entry points: argument checks, the workspace plan, dtype dispatch, launches.
+#include <cmath>
+#include <string>
+
+#include "cuda/check.h"
+#include "cuda/kernels.h"
+#include "gdn/cuda.h"
+#include "gdn/error.h"
+#include "validate.h"
+
+namespace gdn {
+namespace {
+
+using cuda::bf16;
+using cuda::kC;
+using cuda::kD;
+
+std::string str(std::int64_t x) { return std::to_string(x); }
+
+// Shapes from the host copy of cu_seqlens, and the checks this backend adds to validate().
+DeltaRuleShape check_inputs(const DeltaRuleInputs& in, const TensorRef& cu_seqlens_host) {
+  DeltaRuleInputs host = in;
+  if (in.cu_seqlens.given()) {
+    if (!cu_seqlens_host.given())
+      throw Error("cu_seqlens_host: varlen on CUDA needs a host copy of cu_seqlens");
+    if (cu_seqlens_host.shape != in.cu_seqlens.shape || cu_seqlens_host.dtype != in.cu_seqlens.dtype)
+      throw Error("cu_seqlens_host must match cu_seqlens' shape and dtype, got " +
+                  cu_seqlens_host.shape_string() + " vs " + in.cu_seqlens.shape_string());
+    host.cu_seqlens = cu_seqlens_host;
+  }
+  const DeltaRuleShape s = validate(host);
+  if (s.K != kD || s.V != kD)
+    throw Error("K and V must be 128 on CUDA, got K = " + str(s.K) + ", V = " + str(s.V));
+  if (in.chunk_size != kC)
+    throw Error("chunk_size must be 64 on CUDA, got " + std::to_string(in.chunk_size));
+  if (in.q.dtype != DType::bf16 && in.q.dtype != DType::f16)
+    throw Error("q must be bf16 or f16 on CUDA, got " + std::string(dtype_name(in.q.dtype)));
+  if (in.g.dtype != DType::f32)
+    throw Error("g must be f32 on CUDA, got " + std::string(dtype_name(in.g.dtype)));
+  if (in.beta.dtype != DType::f32 && in.beta.dtype != in.q.dtype)
+    throw Error("beta must be f32 or q's dtype on CUDA, got " +
+                std::string(dtype_name(in.beta.dtype)));
+  if (in.initial_state.given() && in.initial_state.dtype != DType::f32)
+    throw Error("initial_state must be f32 on CUDA, got " +
+                std::string(dtype_name(in.initial_state.dtype)));
+  return s;
+}
+
+void require_dtype(const char* name, const TensorRef& t, DType dtype) {
+  if (t.given() && t.dtype != dtype)
+    throw Error(std::string(name) + " must be " + std::string(dtype_name(dtype)) + " on CUDA, got " +
+                std::string(dtype_name(t.dtype)));
+}
+
+std::int64_t chunk_slots(const DeltaRuleInputs& in, const DeltaRuleShape& s,
+                         const TensorRef& cu_seqlens_host) {
+  if (!in.cu_seqlens.given()) return s.B * ((s.T + kC - 1) / kC);
+  std::int64_t total = 0;
+  for (std::int64_t n = 0; n < s.N; ++n) {
+    auto at = [&](std::int64_t i) {
+      return cu_seqlens_host.dtype == DType::i64
+                 ? static_cast<const std::int64_t*>(cu_seqlens_host.data)[i]
+                 : static_cast<const std::int32_t*>(cu_seqlens_host.data)[i];
+    };
+    total += (at(n + 1) - at(n) + kC - 1) / kC;
+  }
+  return total;
+}
+
+// The workspace, carved in 256-byte aligned pieces; with base == nullptr it only counts.
+struct Carver {
+  char* base;
+  std::size_t used = 0;
+  template <typename T>
+  T* take(std::int64_t count) {
+    T* p = base ? reinterpret_cast<T*>(base + used) : nullptr;
+    used += (static_cast<std::size_t>(count) * sizeof(T) + 255) / 256 * 256;
+    return p;
+  }
+};
+
+// Fills the params' shapes, inputs and workspace pointers; returns the bytes used.
+std::size_t plan(const DeltaRuleInputs& in, const DeltaRuleShape& s, std::int64_t NC,
+                 bool backward, void* workspace, cuda::Params& p) {
+  p = cuda::Params{};
+  p.B = static_cast<int>(s.B);
+  p.T = static_cast<int>(s.T);
+  p.HK = static_cast<int>(s.HK);
+  p.HV = static_cast<int>(s.HV);
+  p.N = static_cast<int>(s.N);
+  p.NC = static_cast<int>(NC);
+  p.scale = static_cast<float>(in.scale != 0 ? in.scale : 1.0 / std::sqrt(double(s.K)));
+  p.l2norm = in.use_qk_l2norm;
+  p.beta_code = in.beta.dtype == DType::f32 ? 0 : in.beta.dtype == DType::bf16 ? 1 : 2;
+  p.q = in.q.data;
+  p.k = in.k.data;
+  p.v = in.v.data;
+  p.g = static_cast<const float*>(in.g.data);
+  p.beta = in.beta.data;
+  p.h0 = static_cast<const float*>(in.initial_state.data);
+  p.cu_seqlens = in.cu_seqlens.data;
+  p.cu_seqlens_i64 = in.cu_seqlens.dtype == DType::i64;
+
+  Carver c{static_cast<char*>(workspace)};
+  const std::int64_t tokens = s.B * s.T, slots = NC * s.HV;
+  p.chunks = c.take<cuda::ChunkInfo>(NC);
+  p.chunk_begin = c.take<int>(s.N + 1);
+  p.seq_begin = c.take<int>(s.N);
+  p.seq_len = c.take<int>(s.N);
+  p.qn = c.take<bf16>(tokens * s.HK * kD);
+  p.kn = c.take<bf16>(tokens * s.HK * kD);
+  p.rq = c.take<float>(tokens * s.HK);
+  p.rk = c.take<float>(tokens * s.HK);
+  p.G = c.take<float>(slots * kC);
+  p.W = c.take<bf16>(slots * kC * kD);
+  p.U = c.take<bf16>(slots * kC * kD);
+  p.h = c.take<bf16>(slots * kD * kD);
+  p.vn = c.take<bf16>(slots * kC * kD);
+  if (backward) {
+    p.A = c.take<bf16>(slots * kC * kC);
+    p.dv_local = c.take<float>(slots * kC * kD);
+    p.dh = c.take<bf16>(slots * kD * kD);
+    p.dvn = c.take<bf16>(slots * kC * kD);
+    p.dq_hv = c.take<float>(tokens * s.HV * kD);
+    p.dk_hv = c.take<float>(tokens * s.HV * kD);
+  }
+  return c.used;
+}
+
+void check_workspace(const CudaContext& ctx, std::size_t needed) {
+  if (ctx.workspace == nullptr || ctx.workspace_bytes < needed)
+    throw Error("workspace: needs " + std::to_string(needed) + " bytes of device memory, got " +
+                std::to_string(ctx.workspace_bytes) + (ctx.workspace ? "" : " (nullptr)"));
+  if (reinterpret_cast<std::uintptr_t>(ctx.workspace) % 256 != 0)
+    throw Error("workspace must be 256-byte aligned");
+}
+
+template <typename In>
+void run_forward(const cuda::Params& p, cudaStream_t stream) {
+  cuda::launch_setup<In>(p, stream);
+  cuda::launch_chunk_prep<In, false>(p, stream);
+  cuda::launch_state_forward(p, stream);
+  cuda::launch_output_forward<In>(p, stream);
+}
+
+template <typename In>
+void run_backward(const cuda::Params& p, cudaStream_t stream) {
+  cuda::launch_setup<In>(p, stream);
+  cuda::launch_chunk_prep<In, true>(p, stream);
+  cuda::launch_state_forward(p, stream);  // h, Vn again
+  cuda::launch_state_backward<In>(p, stream);
+  cuda::launch_grad_chunk<In>(p, stream);
+  cuda::launch_grad_qk<In>(p, stream);
+}
+
+}  // namespace
+
+std::size_t delta_rule_forward_cuda_workspace(const DeltaRuleInputs& in,
+                                              const TensorRef& cu_seqlens_host) {
+  const DeltaRuleShape s = check_inputs(in, cu_seqlens_host);
+  cuda::Params p;
+  return plan(in, s, chunk_slots(in, s, cu_seqlens_host), false, nullptr, p);
+}
+
+std::size_t delta_rule_backward_cuda_workspace(const DeltaRuleInputs& in,
+                                               const TensorRef& cu_seqlens_host) {
+  const DeltaRuleShape s = check_inputs(in, cu_seqlens_host);
+  cuda::Params p;
+  return plan(in, s, chunk_slots(in, s, cu_seqlens_host), true, nullptr, p);
+}
+
+void delta_rule_forward_cuda(const DeltaRuleInputs& in, const DeltaRuleOutputs& out,
+                             const CudaContext& ctx) {
+  const DeltaRuleShape s = check_inputs(in, ctx.cu_seqlens_host);
+  validate_outputs(s, out);
+  require_dtype("o", out.o, in.q.dtype);
+  require_dtype("final_state", out.final_state, DType::f32);
+  const std::int64_t NC = chunk_slots(in, s, ctx.cu_seqlens_host);
+  cuda::Params p;
+  check_workspace(ctx, plan(in, s, NC, false, nullptr, p));
+  plan(in, s, NC, false, ctx.workspace, p);
+  p.o = out.o.data;
+  p.ht = static_cast<float*>(out.final_state.data);
+  if (s.T == 0 || NC == 0) return;
+  auto stream = reinterpret_cast<cudaStream_t>(ctx.stream);
+  if (in.q.dtype == DType::bf16)
+    run_forward<bf16>(p, stream);
+  else
+    run_forward<__half>(p, stream);
+}
+
+void delta_rule_backward_cuda(const DeltaRuleInputs& in, const DeltaRuleGrads& gr,
+                              const CudaContext& ctx) {
+  const DeltaRuleShape s = check_inputs(in, ctx.cu_seqlens_host);
+  validate_grads(in, s, gr);
+  require_dtype("d_o", gr.d_o, in.q.dtype);
+  require_dtype("d_final_state", gr.d_final_state, DType::f32);
+  require_dtype("dq", gr.dq, in.q.dtype);
+  require_dtype("dk", gr.dk, in.q.dtype);
+  require_dtype("dv", gr.dv, in.q.dtype);
+  require_dtype("dg", gr.dg, DType::f32);
+  require_dtype("dbeta", gr.dbeta, in.beta.dtype);
+  require_dtype("dh0", gr.dh0, DType::f32);
+  const std::int64_t NC = chunk_slots(in, s, ctx.cu_seqlens_host);
+  cuda::Params p;
+  check_workspace(ctx, plan(in, s, NC, true, nullptr, p));
+  plan(in, s, NC, true, ctx.workspace, p);
+  p.d_o = gr.d_o.data;
+  p.dht = static_cast<const float*>(gr.d_final_state.data);
+  p.dq = gr.dq.data;
+  p.dk = gr.dk.data;
+  p.dv = gr.dv.data;
+  p.dg = static_cast<float*>(gr.dg.data);
+  p.dbeta = gr.dbeta.data;
+  p.dh0 = static_cast<float*>(gr.dh0.data);
+  if (s.T == 0 || NC == 0) return;
+  auto stream = reinterpret_cast<cudaStream_t>(ctx.stream);
+  if (in.q.dtype == DType::bf16)
+    run_backward<bf16>(p, stream);
+  else
+    run_backward<__half>(p, stream);
+}
+
+}  // namespace gdn

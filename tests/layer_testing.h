@@ -1,0 +1,80 @@
+#pragma once
+// Shared by the layer's tests: a tiny config, random parameters in model-like ranges, random
+// tensors, and relative errors.
+
+#include <cmath>
+#include <random>
+#include <string>
+
+#include "cpu/convert.h"
+#include "gdn/layer.h"
+
+namespace gdn::testing {
+
+// HV = 2 HK (grouped heads), K != V, so that a swapped dim or head map shows.
+inline LayerConfig tiny_config() {
+  return {.hidden_size = 6,
+          .linear_num_key_heads = 2,
+          .linear_num_value_heads = 4,
+          .linear_key_head_dim = 4,
+          .linear_value_head_dim = 3,
+          .linear_conv_kernel_dim = 4,
+          .rms_norm_eps = 1e-6};
+}
+
+inline HostTensor random_tensor(DType dtype, std::vector<std::int64_t> shape, std::uint64_t seed,
+                                double mean = 0, double stddev = 1) {
+  HostTensor t = HostTensor::zeros(dtype, std::move(shape));
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> normal(mean, stddev);
+  for (std::int64_t i = 0; i < t.numel(); ++i) cpu::store(t.ref(), i, normal(rng));
+  return t;
+}
+
+// Projections ~ N(0, 1/fan_in); A_log ~ N(0, 0.5) (decay rates near 1), dt_bias ~ N(0, 0.5),
+// norm.weight ~ N(1, 0.1), conv ~ N(0, 0.5).
+inline LayerWeights random_weights(const LayerConfig& c, DType dtype, std::uint64_t seed) {
+  LayerWeights w = allocate_parameters(c, dtype);
+  std::uint64_t n = 0;
+  for_each_parameter(w, [&](const std::string& name, HostTensor& t) {
+    double mean = 0, stddev = 0.5;
+    if (name.starts_with("in_proj")) stddev = 1 / std::sqrt(double(c.hidden_size));
+    if (name == "out_proj.weight") stddev = 1 / std::sqrt(double(c.value_dim()));
+    if (name == "norm.weight") mean = 1, stddev = 0.1;
+    t = random_tensor(dtype, t.shape, seed * 100 + n++, mean, stddev);
+  });
+  return w;
+}
+
+// The same values in another dtype.
+inline HostTensor convert(const HostTensor& t, DType dtype) {
+  HostTensor out = HostTensor::zeros(dtype, t.shape);
+  for (std::int64_t i = 0; i < t.numel(); ++i)
+    cpu::store(out.ref(), i, cpu::load<double>(t.ref(), i));
+  return out;
+}
+inline LayerWeights convert(const LayerWeights& w, DType dtype) {
+  LayerWeights out = w;
+  for_each_parameter(out, [&](const char*, HostTensor& t) { t = convert(t, dtype); });
+  return out;
+}
+
+inline double relative(const HostTensor& x, const HostTensor& ref) {
+  double diff = 0, norm = 0;
+  for (std::int64_t i = 0; i < x.numel(); ++i) {
+    const double a = cpu::load<double>(x.ref(), i), b = cpu::load<double>(ref.ref(), i);
+    diff += (a - b) * (a - b);
+    norm += b * b;
+  }
+  return norm == 0 ? std::sqrt(diff) : std::sqrt(diff / norm);
+}
+
+// A 2-D padding mask [B, T]: batch row b drops its first b + 1 tokens (left padding).
+inline HostTensor left_padding_mask(DType dtype, std::int64_t B, std::int64_t T) {
+  HostTensor m = HostTensor::zeros(dtype, {B, T});
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t t = 0; t < T; ++t) cpu::store(m.ref(), b * T + t, t > b ? 1.0 : 0.0);
+  return m;
+}
+
+}  // namespace gdn::testing
