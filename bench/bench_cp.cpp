@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "cp/affine.h"
 #include "cpu/summary.h"
 #include "gdn/context_parallel.h"
 #include "gdn/delta_rule.h"
@@ -49,6 +50,13 @@ void local_pass(benchmark::State& state) {
                                        : "G pass");
 }
 
+// One composition (M2 M1, M2 N1 + N2) of HV = 32 heads' maps, K = V = 128 (the c of the model).
+void compose(benchmark::State& state) {
+  gdn::cp::AffineMaps a = gdn::cp::AffineMaps::zeros(32, 128, 128), b = a;
+  for (std::size_t i = 0; i < a.data.size(); ++i) a.data[i] = b.data[i] = 1e-3f * float(i % 7);
+  for (auto _ : state) benchmark::DoNotOptimize(b.after(a).data.data());
+}
+
 void strategy(benchmark::State& state) {
   const gdn::Problem p = problem(state.range(0));
   const int ranks = static_cast<int>(state.range(1));
@@ -75,7 +83,9 @@ void strategy(benchmark::State& state) {
 BENCHMARK(local_pass)
     ->ArgsProduct({{1024}, {0, 1, 2, 3}})
     ->Unit(benchmark::kMillisecond)
+    ->MeasureProcessCPUTime()
     ->UseRealTime();
+BENCHMARK(compose)->Unit(benchmark::kMillisecond);
 BENCHMARK(strategy)
     ->ArgsProduct({{2048}, {2, 4}, {0, 1, 2, 3, 4}, {0, 1}})
     ->Unit(benchmark::kMillisecond)

@@ -10,8 +10,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <vector>
 
 #include "cuda/check.h"
@@ -25,7 +25,8 @@ using gdn::TensorRef;
 // Deterministic pseudo-random fill in [lo, hi) (then mapped per tensor kind).
 __global__ void fill_kernel(void* out, long long n, int kind, unsigned seed) {
   for (long long i = blockIdx.x * 256ll + threadIdx.x; i < n; i += 256ll * gridDim.x) {
-    unsigned x = static_cast<unsigned>(i) * 2654435761u ^ (seed * 97u + static_cast<unsigned>(i >> 32));
+    unsigned x =
+        static_cast<unsigned>(i) * 2654435761u ^ (seed * 97u + static_cast<unsigned>(i >> 32));
     x ^= x >> 13;
     x *= 0x5bd1e995u;
     x ^= x >> 15;
@@ -89,8 +90,8 @@ void bench(std::int64_t B, std::int64_t T, std::int64_t HK, std::int64_t HV) {
   };
   std::vector<Set*> sets;
   for (unsigned s = 0; s < 2; ++s) {
-    auto* set = new Set{Buffer(qk * 2), Buffer(qk * 2), Buffer(vv * 2), Buffer(gate * 4),
-                        Buffer(gate * 2), Buffer(vv * 2)};
+    auto* set = new Set{Buffer(qk * 2),   Buffer(qk * 2),   Buffer(vv * 2),
+                        Buffer(gate * 4), Buffer(gate * 2), Buffer(vv * 2)};
     fill(set->q, qk, 0, 10 * s + 1);
     fill(set->k, qk, 0, 10 * s + 2);
     fill(set->v, vv, 0, 10 * s + 3);
@@ -121,8 +122,8 @@ void bench(std::int64_t B, std::int64_t T, std::int64_t HK, std::int64_t HV) {
   GDN_CUDA_CHECK(cudaStreamCreate(&stream));
   gdn::CudaContext ctx{stream, ws.data, ws.bytes, {}};
 
-  const double fwd = median_ms([&](int i) { gdn::delta_rule_forward_cuda(inputs(i), out, ctx); },
-                               stream);
+  const double fwd =
+      median_ms([&](int i) { gdn::delta_rule_forward_cuda(inputs(i), out, ctx); }, stream);
   const double fwd_bwd = median_ms(
       [&](int i) {
         const gdn::DeltaRuleInputs in = inputs(i);
@@ -139,8 +140,8 @@ void bench(std::int64_t B, std::int64_t T, std::int64_t HK, std::int64_t HV) {
       },
       stream);
   const double chunks = static_cast<double>(B * HV * ((T + C - 1) / C));
-  const double flops = chunks * (2.0 * (3 * C * C * K + 2 * C * C * V + 3 * C * K * V) +
-                                 C * C * C / 3.0);
+  const double flops =
+      chunks * (2.0 * (3 * C * C * K + 2 * C * C * V + 3 * C * K * V) + C * C * C / 3.0);
   const double io = 2.0 * (2 * qk + vv + gate) * 2 / 2 + gate * 4 + vv * 2;  // in + o bytes
   std::printf(
       "gdn-cuda B=%lld T=%lld HK=%lld HV=%lld: fwd %.3f ms (%.1f TFLOP/s, workspace %.2f GiB) | "

@@ -109,6 +109,24 @@ TEST_P(Comm, AllToAllWithUnevenAndZeroCounts) {
   });
 }
 
+// Small integers sum exactly in float32, in any order.
+TEST_P(Comm, AllReduceSum) {
+  run_in_process(GetParam(), [](Communicator& comm) {
+    const int r = comm.rank(), p = comm.size();
+    for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{1001}}) {
+      std::vector<float> data(count), expected(count);
+      for (std::size_t i = 0; i < count; ++i) {
+        data[i] = static_cast<float>(r * 1000 + static_cast<int>(i % 7));
+        expected[i] = static_cast<float>(1000 * p * (p - 1) / 2 + p * static_cast<int>(i % 7));
+      }
+      const std::size_t before = comm.bytes_sent();
+      comm.all_reduce_sum(data.data(), count);
+      EXPECT_EQ(data, expected) << "rank " << r << ", " << count << " floats";
+      EXPECT_EQ(comm.bytes_sent() - before, count * sizeof(float) * (p - 1)) << "rank " << r;
+    }
+  });
+}
+
 TEST_P(Comm, BarrierHoldsEveryRankUntilAllArrive) {
   const int p = GetParam();
   std::atomic<int> arrived = 0;

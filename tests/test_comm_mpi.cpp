@@ -97,6 +97,18 @@ bool all_to_all_with_uneven_and_zero_counts(Communicator& comm) {
   return got == expected;
 }
 
+// Small integers sum exactly in float32, in any order.
+bool all_reduce_sum(Communicator& comm) {
+  const int r = comm.rank(), p = comm.size();
+  std::vector<float> data(1001), expected(1001);
+  for (std::size_t i = 0; i < data.size(); ++i) {
+    data[i] = static_cast<float>(r * 1000 + static_cast<int>(i % 7));
+    expected[i] = static_cast<float>(1000 * p * (p - 1) / 2 + p * static_cast<int>(i % 7));
+  }
+  comm.all_reduce_sum(data.data(), data.size());
+  return data == expected;
+}
+
 bool barrier(Communicator& comm) {
   for (int i = 0; i < 10; ++i) comm.barrier();
   return true;
@@ -119,6 +131,7 @@ int run_all(Communicator& comm) {
       {"send_recv_shifts", send_recv_shifts},
       {"all_gather", all_gather},
       {"all_to_all_with_uneven_and_zero_counts", all_to_all_with_uneven_and_zero_counts},
+      {"all_reduce_sum", all_reduce_sum},
       {"barrier", barrier},
       {"counts_above_int_max_are_rejected", counts_above_int_max_are_rejected}};
   int passed = 0, failed = 0;

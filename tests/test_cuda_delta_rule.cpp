@@ -30,7 +30,9 @@ struct DeviceTensor {
   TensorRef ref;
   DeviceTensor() = default;
   explicit DeviceTensor(const HostTensor& h) { make(h.dtype, h.shape, &h); }
-  DeviceTensor(DType dtype, std::vector<std::int64_t> shape) { make(dtype, std::move(shape), nullptr); }
+  DeviceTensor(DType dtype, std::vector<std::int64_t> shape) {
+    make(dtype, std::move(shape), nullptr);
+  }
   DeviceTensor(const DeviceTensor&) = delete;
   DeviceTensor& operator=(const DeviceTensor&) = delete;
   ~DeviceTensor() { cudaFree(data); }
@@ -60,8 +62,8 @@ void check_problem(const Problem& p) {
   delta_rule_forward(data.inputs(), ref.outputs(), Method::recurrent);
   delta_rule_backward(data.inputs(), ref.grads(data), Method::recurrent);
 
-  DeviceTensor q(data.q), k(data.k), v(data.v), g(data.g), beta(data.beta),
-      h0(data.initial_state), cu(data.cu_seqlens), d_o(data.d_o), dht(data.d_final_state);
+  DeviceTensor q(data.q), k(data.k), v(data.v), g(data.g), beta(data.beta), h0(data.initial_state),
+      cu(data.cu_seqlens), d_o(data.d_o), dht(data.d_final_state);
   DeltaRuleInputs in = data.inputs();
   in.q = q.ref, in.k = k.ref, in.v = v.ref, in.g = g.ref, in.beta = beta.ref;
   in.initial_state = h0.ref, in.cu_seqlens = cu.ref;
@@ -123,8 +125,12 @@ Problem base(std::int64_t T, std::int64_t HK, std::int64_t HV) {
 }
 
 class CudaDeltaRuleLength : public ::testing::TestWithParam<std::int64_t> {};
-TEST_P(CudaDeltaRuleLength, GroupedHeads) { check_problem(base(GetParam(), 1, 2)); }
-TEST_P(CudaDeltaRuleLength, SameHeads) { check_problem(base(GetParam(), 1, 1)); }
+TEST_P(CudaDeltaRuleLength, GroupedHeads) {
+  check_problem(base(GetParam(), 1, 2));
+}
+TEST_P(CudaDeltaRuleLength, SameHeads) {
+  check_problem(base(GetParam(), 1, 1));
+}
 INSTANTIATE_TEST_SUITE_P(T, CudaDeltaRuleLength, ::testing::Values(1, 63, 64, 65, 1000, 4096));
 
 TEST(CudaDeltaRule, BatchNoStatesNoL2norm) {

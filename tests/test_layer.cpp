@@ -105,8 +105,8 @@ HostTensor reference_forward(const LayerConfig& c, const LayerWeights& w64, cons
       for (std::int64_t j = 0; j < V; ++j) ms += std::pow(o[(r * HV + h) * V + j], 2) / double(V);
       for (std::int64_t j = 0; j < V; ++j) {
         const std::int64_t i = (r * HV + h) * V + j;
-        y[h * V + j] = at(w64.norm, j) * o[i] / std::sqrt(ms + c.rms_norm_eps) * z[i] *
-                       sigmoid(z[i]);
+        y[h * V + j] =
+            at(w64.norm, j) * o[i] / std::sqrt(ms + c.rms_norm_eps) * z[i] * sigmoid(z[i]);
       }
     }
     for (std::int64_t d = 0; d < D; ++d) {
@@ -124,11 +124,11 @@ struct LayerRun {
   LayerWeights grads;
 };
 
-LayerRun run(const LayerConfig& c, const LayerWeights& w, const HostTensor& x, const HostTensor* mask,
-        const HostTensor& d_out, LayerOptions options) {
+LayerRun run(const LayerConfig& c, const LayerWeights& w, const HostTensor& x,
+             const HostTensor* mask, const HostTensor& d_out, LayerOptions options) {
   const DType dt = w.in_proj_qkv.dtype;
   LayerRun r{HostTensor::zeros(dt, x.shape), HostTensor::zeros(dt, x.shape),
-        allocate_parameters(c, dt)};
+             allocate_parameters(c, dt)};
   GatedDeltaNet layer(c, view(w), options);
   const TensorRef m = mask ? mask->ref() : TensorRef{};
   layer.forward(x.ref(), m, r.out.ref());
@@ -149,7 +149,7 @@ TEST(Layer, ForwardMatchesTheSpec) {
     const LayerRun oracle = run(c, w, x, m, d_out, kOracle);
     EXPECT_LE(relative(oracle.out, ref), 1e-13) << "mask " << (m != nullptr);
     const LayerRun f32 = run(c, convert(w, DType::f32), convert(x, DType::f32), m,
-                        convert(d_out, DType::f32), {.chunk_size = 4});
+                             convert(d_out, DType::f32), {.chunk_size = 4});
     EXPECT_LE(relative(f32.out, ref), 2e-6) << "mask " << (m != nullptr);
   }
 }
@@ -213,7 +213,7 @@ TEST(Layer, Float32MatchesFloat64) {
   const HostTensor d_out = random_tensor(DType::f64, x.shape, 9);
   const LayerRun oracle = run(c, w, x, &mask, d_out, kOracle);
   const LayerRun f32 = run(c, convert(w, DType::f32), convert(x, DType::f32), &mask,
-                      convert(d_out, DType::f32), {.chunk_size = 8});
+                           convert(d_out, DType::f32), {.chunk_size = 8});
   EXPECT_LE(relative(f32.out, oracle.out), 2e-5);
   EXPECT_LE(relative(f32.dx, oracle.dx), 2e-5);
   std::vector<const HostTensor*> refs;
@@ -280,8 +280,9 @@ TEST(LayerErrors, Tensors) {
   EXPECT_EQ(error_of([&] { layer.forward(x64.ref(), {}, out.ref()); }),
             "layer x must be f32 [1, 5, 6], got f64 [1, 5, 6]");
   const HostTensor mask3 = HostTensor::zeros(DType::f32, {1, 5, 1});
-  EXPECT_NE(error_of([&] { layer.forward(x.ref(), mask3.ref(), out.ref()); })
-                .find("only a 2-D padding mask [B, T] is supported"),
+  EXPECT_NE(error_of([&] {
+              layer.forward(x.ref(), mask3.ref(), out.ref());
+            }).find("only a 2-D padding mask [B, T] is supported"),
             std::string::npos);
   const HostTensor mask = HostTensor::zeros(DType::f32, {1, 4});
   EXPECT_EQ(error_of([&] { layer.forward(x.ref(), mask.ref(), out.ref()); }),

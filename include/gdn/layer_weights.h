@@ -28,7 +28,6 @@ LayerWeights load_layer_weights(const std::string& path, const LayerConfig& conf
                                 const std::string& prefix = "", DType dtype = DType::f32);
 // The same from tensors in memory; `source` names them in errors.
 LayerWeights layer_weights_from(const TensorMap& tensors, const LayerConfig& config,
-                                const std::string& prefix, DType dtype,
-                                const std::string& source);
+                                const std::string& prefix, DType dtype, const std::string& source);
 
 }  // namespace gdn

@@ -12,18 +12,18 @@ namespace {
 constexpr int kThreads = 256;
 
 struct PrepSmem {
-  static constexpr int ks = 0;                          // bf16 [64][136]  K
-  static constexpr int kb = ks + kC * kLdH * 2;         // bf16 [64][136]  diag(beta e) K
-  static constexpr int vb = kb + kC * kLdH * 2;         // bf16 [64][136]  diag(beta) V
-  static constexpr int kk = vb + kC * kLdH * 2;         // f32 [64][68]    K K^T, then L
-  static constexpr int af = kk + kC * kLdF64 * 4;       // f32 [64][68]    A
-  static constexpr int ab = af + kC * kLdF64 * 4;       // bf16 [64][72]   A
-  static constexpr int out = ab + kC * kLdH64 * 2;      // f32 [64][132]
-  static constexpr int gates = out + kC * kLdF * 4;     // f32 G[64], beta[64]
+  static constexpr int ks = 0;                       // bf16 [64][136]  K
+  static constexpr int kb = ks + kC * kLdH * 2;      // bf16 [64][136]  diag(beta e) K
+  static constexpr int vb = kb + kC * kLdH * 2;      // bf16 [64][136]  diag(beta) V
+  static constexpr int kk = vb + kC * kLdH * 2;      // f32 [64][68]    K K^T, then L
+  static constexpr int af = kk + kC * kLdF64 * 4;    // f32 [64][68]    A
+  static constexpr int ab = af + kC * kLdF64 * 4;    // bf16 [64][72]   A
+  static constexpr int out = ab + kC * kLdH64 * 2;   // f32 [64][132]
+  static constexpr int gates = out + kC * kLdF * 4;  // f32 G[64], beta[64]
   static constexpr int forward_bytes = gates + 2 * kC * 4;
-  static constexpr int qs = forward_bytes;              // bf16 [64][136]  Q
-  static constexpr int dos = qs + kC * kLdH * 2;        // bf16 [64][136]  dO
-  static constexpr int pb = dos + kC * kLdH * 2;        // bf16 [64][72]   P
+  static constexpr int qs = forward_bytes;        // bf16 [64][136]  Q
+  static constexpr int dos = qs + kC * kLdH * 2;  // bf16 [64][136]  dO
+  static constexpr int pb = dos + kC * kLdH * 2;  // bf16 [64][72]   P
   static constexpr int backward_bytes = pb + kC * kLdH64 * 2;
 };
 
@@ -111,7 +111,8 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(Params p) {
     __syncthreads();
     for (int idx = tid; idx < kC * kC; idx += kThreads) {
       const int i = idx / kC, j = idx % kC;
-      pb[i * kLdH64 + j] = from_float<bf16>(j <= i ? kk[i * kLdF64 + j] * __expf(G[i] - G[j]) : 0.0f);
+      pb[i * kLdH64 + j] =
+          from_float<bf16>(j <= i ? kk[i * kLdF64 + j] * __expf(G[i] - G[j]) : 0.0f);
     }
     __syncthreads();
     block_gemm<kC, kD, kC, Col, Row>(pb, kLdH64, dos, kLdH, out, kLdF);  // P^T dO

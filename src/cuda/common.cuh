@@ -13,16 +13,22 @@ namespace gdn::cuda {
 using bf16 = __nv_bfloat16;
 namespace wmma = nvcuda::wmma;
 
-constexpr int kC = 64;    // chunk
-constexpr int kD = 128;   // K = V
-constexpr int kLdH = 136;  // shared row stride of a 128-wide bf16 tile (+16 B: no bank conflicts)
-constexpr int kLdH64 = 72;   // of a 64-wide bf16 tile
-constexpr int kLdF = 132;    // of a 128-wide f32 tile
-constexpr int kLdF64 = 68;   // of a 64-wide f32 tile
+constexpr int kC = 64;      // chunk
+constexpr int kD = 128;     // K = V
+constexpr int kLdH = 136;   // shared row stride of a 128-wide bf16 tile (+16 B: no bank conflicts)
+constexpr int kLdH64 = 72;  // of a 64-wide bf16 tile
+constexpr int kLdF = 132;   // of a 128-wide f32 tile
+constexpr int kLdF64 = 68;  // of a 64-wide f32 tile
 
-__device__ inline float to_float(float x) { return x; }
-__device__ inline float to_float(bf16 x) { return __bfloat162float(x); }
-__device__ inline float to_float(__half x) { return __half2float(x); }
+__device__ inline float to_float(float x) {
+  return x;
+}
+__device__ inline float to_float(bf16 x) {
+  return __bfloat162float(x);
+}
+__device__ inline float to_float(__half x) {
+  return __half2float(x);
+}
 
 template <typename T>
 __device__ inline T from_float(float x) {
@@ -55,7 +61,9 @@ __device__ inline void cp_async16(void* smem, const void* gmem, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem),
                "r"(valid ? 16 : 0));
 }
-__device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ inline void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
 template <int kPending>
 __device__ inline void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));

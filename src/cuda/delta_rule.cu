@@ -15,7 +15,9 @@ using cuda::bf16;
 using cuda::kC;
 using cuda::kD;
 
-std::string str(std::int64_t x) { return std::to_string(x); }
+std::string str(std::int64_t x) {
+  return std::to_string(x);
+}
 
 // Shapes from the host copy of cu_seqlens, and the checks this backend adds to validate().
 DeltaRuleShape check_inputs(const DeltaRuleInputs& in, const TensorRef& cu_seqlens_host) {
@@ -23,7 +25,8 @@ DeltaRuleShape check_inputs(const DeltaRuleInputs& in, const TensorRef& cu_seqle
   if (in.cu_seqlens.given()) {
     if (!cu_seqlens_host.given())
       throw Error("cu_seqlens_host: varlen on CUDA needs a host copy of cu_seqlens");
-    if (cu_seqlens_host.shape != in.cu_seqlens.shape || cu_seqlens_host.dtype != in.cu_seqlens.dtype)
+    if (cu_seqlens_host.shape != in.cu_seqlens.shape ||
+        cu_seqlens_host.dtype != in.cu_seqlens.dtype)
       throw Error("cu_seqlens_host must match cu_seqlens' shape and dtype, got " +
                   cu_seqlens_host.shape_string() + " vs " + in.cu_seqlens.shape_string());
     host.cu_seqlens = cu_seqlens_host;
@@ -48,8 +51,8 @@ DeltaRuleShape check_inputs(const DeltaRuleInputs& in, const TensorRef& cu_seqle
 
 void require_dtype(const char* name, const TensorRef& t, DType dtype) {
   if (t.given() && t.dtype != dtype)
-    throw Error(std::string(name) + " must be " + std::string(dtype_name(dtype)) + " on CUDA, got " +
-                std::string(dtype_name(t.dtype)));
+    throw Error(std::string(name) + " must be " + std::string(dtype_name(dtype)) +
+                " on CUDA, got " + std::string(dtype_name(t.dtype)));
 }
 
 std::int64_t chunk_slots(const DeltaRuleInputs& in, const DeltaRuleShape& s,
@@ -80,8 +83,8 @@ struct Carver {
 };
 
 // Fills the params' shapes, inputs and workspace pointers; returns the bytes used.
-std::size_t plan(const DeltaRuleInputs& in, const DeltaRuleShape& s, std::int64_t NC,
-                 bool backward, void* workspace, cuda::Params& p) {
+std::size_t plan(const DeltaRuleInputs& in, const DeltaRuleShape& s, std::int64_t NC, bool backward,
+                 void* workspace, cuda::Params& p) {
   p = cuda::Params{};
   p.B = static_cast<int>(s.B);
   p.T = static_cast<int>(s.T);

@@ -17,14 +17,14 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 
 struct GradSmem {
-  static constexpr int qs = 0;                       // bf16 [64][136]  Q
-  static constexpr int ks = qs + kC * kLdH * 2;      // bf16 [64][136]  K
-  static constexpr int ss = ks + kC * kLdH * 2;      // bf16 [128][136] S
-  static constexpr int r2 = ss + kD * kLdH * 2;      // bf16 [128][136] dS, then dVn, then D
-  static constexpr int vs = r2 + kD * kLdH * 2;      // bf16 [64][136] Vn, then dpd, dl_sym [64][72]
+  static constexpr int qs = 0;                   // bf16 [64][136]  Q
+  static constexpr int ks = qs + kC * kLdH * 2;  // bf16 [64][136]  K
+  static constexpr int ss = ks + kC * kLdH * 2;  // bf16 [128][136] S
+  static constexpr int r2 = ss + kD * kLdH * 2;  // bf16 [128][136] dS, then dVn, then D
+  static constexpr int vs = r2 + kD * kLdH * 2;  // bf16 [64][136] Vn, then dpd, dl_sym [64][72]
   static constexpr int f = vs + 2 * kC * kLdH64 * 2 + 0;  // f32 scratch: [64][132] or [128][68]
-  static constexpr int dk = f + 2 * kC * kLdF64 * 4;  // f32 [64][132]  dk
-  static constexpr int x = dk + kC * kLdF * 4;        // A bf16 [64][72]; [QK; KK] f32; dq [64][132]
+  static constexpr int dk = f + 2 * kC * kLdF64 * 4;      // f32 [64][132]  dk
+  static constexpr int x = dk + kC * kLdF * 4;  // A bf16 [64][72]; [QK; KK] f32; dq [64][132]
   static constexpr int vec = x + 2 * kC * kLdF64 * 4;  // f32 G, beta, e, f, dG, db, kdkf [64]; sum
   static constexpr int bytes = vec + (7 * kC + 32) * 4;
 };
@@ -44,8 +44,8 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
   bf16* ss = reinterpret_cast<bf16*>(smem + GradSmem::ss);
   bf16* r2 = reinterpret_cast<bf16*>(smem + GradSmem::r2);
   bf16* vs = reinterpret_cast<bf16*>(smem + GradSmem::vs);
-  bf16* dpd = vs;                   // [64][72], after Vn is done
-  bf16* dls = vs + kC * kLdH64;     // [64][72]
+  bf16* dpd = vs;                // [64][72], after Vn is done
+  bf16* dls = vs + kC * kLdH64;  // [64][72]
   float* F = reinterpret_cast<float*>(smem + GradSmem::f);
   float* DK = reinterpret_cast<float*>(smem + GradSmem::dk);
   float* X = reinterpret_cast<float*>(smem + GradSmem::x);
@@ -149,9 +149,9 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
     dpd[i * kLdH64 + j] = from_float<bf16>(dP * decay);
     const float dl = j < i ? F[i * kLdF64 + j] * decay : 0.0f;
     const float m2 = dl * X[(kC + i) * kLdF64 + j];
-    F[i * kLdF64 + j] = beta[i] * dl;                 // diag(beta) dl
-    X[i * kLdF64 + j] = dP * P + beta[i] * m2;        // pair terms t_ij
-    X[(kC + i) * kLdF64 + j] = m2;                    // dbeta's share
+    F[i * kLdF64 + j] = beta[i] * dl;           // diag(beta) dl
+    X[i * kLdF64 + j] = dP * P + beta[i] * m2;  // pair terms t_ij
+    X[(kC + i) * kLdF64 + j] = m2;              // dbeta's share
   }
   __syncthreads();
   for (int idx = tid; idx < kC * kC; idx += kThreads) {

@@ -53,7 +53,8 @@ __global__ void __launch_bounds__(kThreads) output_forward_kernel(Params p) {
     const int i = idx / kC, j = idx % kC;  // mask before exp
     pb[i * kLdH64 + j] = from_float<bf16>(j <= i ? qk[i * kLdF64 + j] * __expf(G[i] - G[j]) : 0.0f);
   }
-  for (int idx = tid; idx < kC * kD; idx += kThreads) out[idx / kD * kLdF + idx % kD] *= __expf(G[idx / kD]);
+  for (int idx = tid; idx < kC * kD; idx += kThreads)
+    out[idx / kD * kLdF + idx % kD] *= __expf(G[idx / kD]);
   __syncthreads();
   block_gemm<kC, kD, kC, Row, Row, true>(pb, kLdH64, vs, kLdH, out, kLdF);  // + P Vn
   __syncthreads();

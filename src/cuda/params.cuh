@@ -13,11 +13,11 @@
 namespace gdn::cuda {
 
 struct ChunkInfo {
-  int n;     // sequence
-  int b;     // batch row
-  int t0;    // first token, within the batch row
-  int len;   // tokens in the chunk (1..64); 0 marks an unused slot
-  int index; // chunk index within its sequence
+  int n;      // sequence
+  int b;      // batch row
+  int t0;     // first token, within the batch row
+  int len;    // tokens in the chunk (1..64); 0 marks an unused slot
+  int index;  // chunk index within its sequence
 };
 
 struct Params {
@@ -28,49 +28,49 @@ struct Params {
   int beta_code;  // 0 f32, 1 bf16, 2 f16 (the dtype of beta; dbeta has the same code)
 
   // Inputs (device).
-  const void* q;             // [B, T, HK, K]  In
-  const void* k;             // [B, T, HK, K]  In
-  const void* v;             // [B, T, HV, V]  In
-  const float* g;            // [B, T, HV]
-  const void* beta;          // [B, T, HV]     beta_code
-  const float* h0;           // [N, HV, K, V]  optional
-  const void* cu_seqlens;    // [N + 1]        optional
+  const void* q;           // [B, T, HK, K]  In
+  const void* k;           // [B, T, HK, K]  In
+  const void* v;           // [B, T, HV, V]  In
+  const float* g;          // [B, T, HV]
+  const void* beta;        // [B, T, HV]     beta_code
+  const float* h0;         // [N, HV, K, V]  optional
+  const void* cu_seqlens;  // [N + 1]        optional
   bool cu_seqlens_i64;
 
   // Workspace.
-  ChunkInfo* chunks;   // [NC]
-  int* chunk_begin;    // [N + 1]
-  int* seq_begin;      // [N]  first token of each sequence (batch row from chunks)
-  int* seq_len;        // [N]
-  bf16* qn;            // [B, T, HK, K]  q (l2-normalized when asked), bf16
-  bf16* kn;            // [B, T, HK, K]
-  float* rq;           // [B, T, HK]     rsqrt(sum q^2 + 1e-6) (1 without l2norm)
-  float* rk;           // [B, T, HK]
-  float* G;            // [NC, HV, 64]   chunk-local cumsum of g (padded rows: the last value)
-  bf16* W;             // [NC, HV, 64, K]  A diag(beta e) K
-  bf16* U;             // [NC, HV, 64, V]  A diag(beta) V
-  bf16* A;             // [NC, HV, 64, 64] (I + L)^-1 (backward only)
-  bf16* h;             // [NC, HV, K, V]   state entering each chunk
-  bf16* vn;            // [NC, HV, 64, V]  Vn = U - W S
+  ChunkInfo* chunks;  // [NC]
+  int* chunk_begin;   // [N + 1]
+  int* seq_begin;     // [N]  first token of each sequence (batch row from chunks)
+  int* seq_len;       // [N]
+  bf16* qn;           // [B, T, HK, K]  q (l2-normalized when asked), bf16
+  bf16* kn;           // [B, T, HK, K]
+  float* rq;          // [B, T, HK]     rsqrt(sum q^2 + 1e-6) (1 without l2norm)
+  float* rk;          // [B, T, HK]
+  float* G;           // [NC, HV, 64]   chunk-local cumsum of g (padded rows: the last value)
+  bf16* W;            // [NC, HV, 64, K]  A diag(beta e) K
+  bf16* U;            // [NC, HV, 64, V]  A diag(beta) V
+  bf16* A;            // [NC, HV, 64, 64] (I + L)^-1 (backward only)
+  bf16* h;            // [NC, HV, K, V]   state entering each chunk
+  bf16* vn;           // [NC, HV, 64, V]  Vn = U - W S
 
   // Forward outputs.
-  void* o;             // [B, T, HV, V]  In, optional (the backward's recompute skips it)
-  float* ht;           // [N, HV, K, V]  optional
+  void* o;    // [B, T, HV, V]  In, optional (the backward's recompute skips it)
+  float* ht;  // [N, HV, K, V]  optional
 
   // Backward.
-  const void* d_o;     // [B, T, HV, V]  In
-  const float* dht;    // [N, HV, K, V]  optional
-  float* dv_local;     // [NC, HV, 64, V]  scale P^T dO
-  bf16* dh;            // [NC, HV, K, V]   gradient of the state leaving each chunk
-  bf16* dvn;           // [NC, HV, 64, V]  dVn
-  float* dq_hv;        // [B, T, HV, K]  per value head, before the group sum and the l2norm
-  float* dk_hv;        // [B, T, HV, K]
-  void* dq;            // [B, T, HK, K]  In
-  void* dk;            // [B, T, HK, K]  In
-  void* dv;            // [B, T, HV, V]  In
-  float* dg;           // [B, T, HV]
-  void* dbeta;         // [B, T, HV]     beta_code
-  float* dh0;          // [N, HV, K, V]  optional
+  const void* d_o;   // [B, T, HV, V]  In
+  const float* dht;  // [N, HV, K, V]  optional
+  float* dv_local;   // [NC, HV, 64, V]  scale P^T dO
+  bf16* dh;          // [NC, HV, K, V]   gradient of the state leaving each chunk
+  bf16* dvn;         // [NC, HV, 64, V]  dVn
+  float* dq_hv;      // [B, T, HV, K]  per value head, before the group sum and the l2norm
+  float* dk_hv;      // [B, T, HV, K]
+  void* dq;          // [B, T, HK, K]  In
+  void* dk;          // [B, T, HK, K]  In
+  void* dv;          // [B, T, HV, V]  In
+  float* dg;         // [B, T, HV]
+  void* dbeta;       // [B, T, HV]     beta_code
+  float* dh0;        // [N, HV, K, V]  optional
 };
 
 // Offsets of a token's rows.

@@ -16,9 +16,8 @@ __global__ void chunk_table_kernel(Params p) {
       if (p.cu_seqlens) {
         const long long b0 = p.cu_seqlens_i64 ? static_cast<const long long*>(p.cu_seqlens)[n]
                                               : static_cast<const int*>(p.cu_seqlens)[n];
-        const long long b1 = p.cu_seqlens_i64
-                                 ? static_cast<const long long*>(p.cu_seqlens)[n + 1]
-                                 : static_cast<const int*>(p.cu_seqlens)[n + 1];
+        const long long b1 = p.cu_seqlens_i64 ? static_cast<const long long*>(p.cu_seqlens)[n + 1]
+                                              : static_cast<const int*>(p.cu_seqlens)[n + 1];
         begin = static_cast<int>(b0);
         len = static_cast<int>(b1 - b0);
       }
@@ -44,8 +43,7 @@ __global__ void chunk_table_kernel(Params p) {
       }
       const int index = cid - p.chunk_begin[lo];
       const int t0 = index * kC;
-      info = {lo, p.cu_seqlens ? 0 : lo, p.seq_begin[lo] + t0, min(kC, p.seq_len[lo] - t0),
-              index};
+      info = {lo, p.cu_seqlens ? 0 : lo, p.seq_begin[lo] + t0, min(kC, p.seq_len[lo] - t0), index};
     }
     p.chunks[cid] = info;
   }
@@ -79,8 +77,8 @@ void launch_setup(const Params& p, cudaStream_t stream) {
   GDN_CUDA_CHECK_LAUNCH();
   const long long rows = static_cast<long long>(p.B) * p.T * p.HK;
   constexpr int kWarps = 8;
-  stage_qk_kernel<In><<<static_cast<unsigned>((rows + kWarps - 1) / kWarps), 32 * kWarps, 0,
-                        stream>>>(p, rows);
+  stage_qk_kernel<In>
+      <<<static_cast<unsigned>((rows + kWarps - 1) / kWarps), 32 * kWarps, 0, stream>>>(p, rows);
   GDN_CUDA_CHECK_LAUNCH();
 }
 

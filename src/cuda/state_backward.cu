@@ -14,15 +14,15 @@ constexpr int kLdS = 36;
 constexpr int kLdSb = 40;
 
 struct BackSmem {
-  static constexpr int k = 0;                              // bf16 [2][64][136]  K
-  static constexpr int x = k + 2 * kC * kLdH * 2;          // bf16 [2][128][136] [Q; W]
-  static constexpr int d_o = x + 2 * kD * kLdH * 2;        // In [2][64][40]     dO slice
-  static constexpr int dvl = d_o + 2 * kC * kLdSb * 2;     // f32 [2][64][32]    dv_local slice
-  static constexpr int g = dvl + 2 * kC * kBV * 4;         // f32 [2][64]
-  static constexpr int y = g + 2 * kC * 4;                 // bf16 [128][40]     [scale dO; dVn]
-  static constexpr int ds = y + kD * kLdSb * 2;            // f32 [128][36]
-  static constexpr int dsb = ds + kD * kLdS * 4;           // bf16 [128][40]
-  static constexpr int f = dsb + kD * kLdSb * 2;           // f32 [64][36]
+  static constexpr int k = 0;                           // bf16 [2][64][136]  K
+  static constexpr int x = k + 2 * kC * kLdH * 2;       // bf16 [2][128][136] [Q; W]
+  static constexpr int d_o = x + 2 * kD * kLdH * 2;     // In [2][64][40]     dO slice
+  static constexpr int dvl = d_o + 2 * kC * kLdSb * 2;  // f32 [2][64][32]    dv_local slice
+  static constexpr int g = dvl + 2 * kC * kBV * 4;      // f32 [2][64]
+  static constexpr int y = g + 2 * kC * 4;              // bf16 [128][40]     [scale dO; dVn]
+  static constexpr int ds = y + kD * kLdSb * 2;         // f32 [128][36]
+  static constexpr int dsb = ds + kD * kLdS * 4;        // bf16 [128][40]
+  static constexpr int f = dsb + kD * kLdSb * 2;        // f32 [64][36]
   static constexpr int bytes = f + kC * kLdS * 4;
 };
 
@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(kThreads) state_backward_kernel(Params p) {
     const float* G = g_buf + buf * kC;
     const float g_last = G[kC - 1], gamma = __expf(g_last);
     block_gemm<kC, kBV, kD, Row, Row>(k, kLdH, dSb, kLdSb, F, kLdS);  // K dS
-    for (int idx = tid; idx < kC * kD; idx += kThreads) {  // [diag(e) Q; -W]
+    for (int idx = tid; idx < kC * kD; idx += kThreads) {             // [diag(e) Q; -W]
       const int r = idx / kD, j = idx % kD;
       x[r * kLdH + j] = from_float<bf16>(to_float(x[r * kLdH + j]) * __expf(G[r]));
       x[(kC + r) * kLdH + j] = __hneg(x[(kC + r) * kLdH + j]);

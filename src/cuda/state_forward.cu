@@ -9,19 +9,19 @@ namespace gdn::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kBV = 32;      // V slice
-constexpr int kLdS = 36;     // f32 row stride of a 32-wide slice
-constexpr int kLdSb = 40;    // bf16 row stride of a 32-wide slice
+constexpr int kBV = 32;    // V slice
+constexpr int kLdS = 36;   // f32 row stride of a 32-wide slice
+constexpr int kLdSb = 40;  // bf16 row stride of a 32-wide slice
 
 struct StateSmem {
-  static constexpr int w = 0;                          // bf16 [2][64][136]
-  static constexpr int k = w + 2 * kC * kLdH * 2;      // bf16 [2][64][136]
-  static constexpr int u = k + 2 * kC * kLdH * 2;      // bf16 [2][64][40]
-  static constexpr int g = u + 2 * kC * kLdSb * 2;     // f32 [2][64]
-  static constexpr int s = g + 2 * kC * 4;             // f32 [128][36]  S slice
-  static constexpr int sb = s + kD * kLdS * 4;         // bf16 [128][40]
-  static constexpr int vf = sb + kD * kLdSb * 2;       // f32 [64][36]
-  static constexpr int vb = vf + kC * kLdS * 4;        // bf16 [64][40]
+  static constexpr int w = 0;                       // bf16 [2][64][136]
+  static constexpr int k = w + 2 * kC * kLdH * 2;   // bf16 [2][64][136]
+  static constexpr int u = k + 2 * kC * kLdH * 2;   // bf16 [2][64][40]
+  static constexpr int g = u + 2 * kC * kLdSb * 2;  // f32 [2][64]
+  static constexpr int s = g + 2 * kC * 4;          // f32 [128][36]  S slice
+  static constexpr int sb = s + kD * kLdS * 4;      // bf16 [128][40]
+  static constexpr int vf = sb + kD * kLdSb * 2;    // f32 [64][36]
+  static constexpr int vb = vf + kC * kLdS * 4;     // bf16 [64][40]
   static constexpr int bytes = vb + kC * kLdSb * 2;
 };
 
@@ -54,8 +54,8 @@ __global__ void __launch_bounds__(kThreads) state_forward_kernel(Params p) {
     }
     for (int idx = tid; idx < kC * 4; idx += kThreads) {
       const int r = idx / 4, part = idx % 4;
-      cp_async16(u_buf + (buf * kC + r) * kLdSb + part * 8, p.U + s * kC * kD + r * kD + v0 + part * 8,
-                 true);
+      cp_async16(u_buf + (buf * kC + r) * kLdSb + part * 8,
+                 p.U + s * kC * kD + r * kD + v0 + part * 8, true);
     }
     if (tid < 16) cp_async16(g_buf + buf * kC + tid * 4, p.G + s * kC + tid * 4, true);
     cp_async_commit();
@@ -63,7 +63,8 @@ __global__ void __launch_bounds__(kThreads) state_forward_kernel(Params p) {
 
   for (int idx = tid; idx < kD * kBV; idx += kThreads) {
     const int r = idx / kBV, j = idx % kBV;
-    const float x = p.h0 ? p.h0[(static_cast<long long>(n) * p.HV + hv) * kD * kD + r * kD + v0 + j] : 0.0f;
+    const float x =
+        p.h0 ? p.h0[(static_cast<long long>(n) * p.HV + hv) * kD * kD + r * kD + v0 + j] : 0.0f;
     S[r * kLdS + j] = x;
     Sb[r * kLdSb + j] = from_float<bf16>(x);
   }
@@ -117,8 +118,8 @@ __global__ void __launch_bounds__(kThreads) state_forward_kernel(Params p) {
 }  // namespace
 
 void launch_state_forward(const Params& p, cudaStream_t stream) {
-  GDN_CUDA_CHECK(cudaFuncSetAttribute(state_forward_kernel,
-                                      cudaFuncAttributeMaxDynamicSharedMemorySize, StateSmem::bytes));
+  GDN_CUDA_CHECK(cudaFuncSetAttribute(
+      state_forward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, StateSmem::bytes));
   state_forward_kernel<<<dim3(kD / kBV, p.HV, p.N), kThreads, StateSmem::bytes, stream>>>(p);
   GDN_CUDA_CHECK_LAUNCH();
 }

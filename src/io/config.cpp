@@ -28,8 +28,8 @@ const json* find(const json& root, const char* key) {
 std::int64_t integer(const json& root, const char* key, const std::string& source) {
   const json* j = find(root, key);
   if (!j)
-    throw Error(fmt::format("{}: missing \"{}\" (looked under \"text_config\" and at the top level)",
-                            source, key));
+    throw Error(fmt::format(
+        "{}: missing \"{}\" (looked under \"text_config\" and at the top level)", source, key));
   if (!j->is_number_integer())
     throw Error(fmt::format("{}: \"{}\" must be an integer, got {}", source, key, j->dump()));
   return j->get<std::int64_t>();
@@ -57,7 +57,8 @@ LayerConfig parse_layer_config(const std::string& json_text, const std::string& 
   c.linear_conv_kernel_dim = integer(root, "linear_conv_kernel_dim", source);
   if (const json* eps = find(root, "rms_norm_eps")) {
     if (!eps->is_number())
-      throw Error(fmt::format("{}: \"rms_norm_eps\" must be a number, got {}", source, eps->dump()));
+      throw Error(
+          fmt::format("{}: \"rms_norm_eps\" must be a number, got {}", source, eps->dump()));
     c.rms_norm_eps = eps->get<double>();
   }
   if (const json* act = find(root, "hidden_act")) {

@@ -59,9 +59,9 @@ struct Lookup {
     if (it == tensors.end()) {
       const bool any = std::any_of(tensors.begin(), tensors.end(),
                                    [&](const auto& t) { return t.first.starts_with(prefix); });
-      throw Error(fmt::format("{}: missing tensor \"{}\" (expected shape {}){}", source, full,
-                              shape_string(shape),
-                              any ? "" : fmt::format("; no tensor name starts with \"{}\"", prefix)));
+      throw Error(fmt::format(
+          "{}: missing tensor \"{}\" (expected shape {}){}", source, full, shape_string(shape),
+          any ? "" : fmt::format("; no tensor name starts with \"{}\"", prefix)));
     }
     const HostTensor& t = it->second;
     if (t.shape != shape)
@@ -125,8 +125,7 @@ TensorMap read_sharded(const fs::path& index_path, const std::string& prefix) {
 }  // namespace
 
 LayerWeights layer_weights_from(const TensorMap& tensors, const LayerConfig& c,
-                                const std::string& prefix, DType dtype,
-                                const std::string& source) {
+                                const std::string& prefix, DType dtype, const std::string& source) {
   validate(c);
   if (!is_floating(dtype))
     throw Error(fmt::format("layer weights dtype must be floating, got {}", dtype_name(dtype)));
@@ -143,8 +142,8 @@ LayerWeights layer_weights_from(const TensorMap& tensors, const LayerConfig& c,
     w.in_proj_b = converted(lookup.get("in_proj_b.weight", {HV, D}), dtype);
     w.in_proj_a = converted(lookup.get("in_proj_a.weight", {HV, D}), dtype);
   }
-  w.conv1d = converted(lookup.get("conv1d.weight", {c.conv_dim(), 1, c.linear_conv_kernel_dim}),
-                       dtype);
+  w.conv1d =
+      converted(lookup.get("conv1d.weight", {c.conv_dim(), 1, c.linear_conv_kernel_dim}), dtype);
   w.A_log = converted(lookup.get("A_log", {HV}), dtype);
   w.dt_bias = converted(lookup.get("dt_bias", {HV}), dtype);
   w.norm = converted(lookup.get("norm.weight", {c.linear_value_head_dim}), dtype);
@@ -163,8 +162,8 @@ LayerWeights load_layer_weights(const std::string& path, const LayerConfig& conf
     else
       throw Error(fmt::format("{}: holds neither {} nor {}", path, kIndex, kSingle));
   }
-  const TensorMap tensors = file.extension() == ".json" ? read_sharded(file, prefix)
-                                                        : read_safetensors(file.string());
+  const TensorMap tensors =
+      file.extension() == ".json" ? read_sharded(file, prefix) : read_safetensors(file.string());
   return layer_weights_from(tensors, config, prefix, dtype, file.string());
 }
 

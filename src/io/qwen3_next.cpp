@@ -26,12 +26,12 @@ void split_qwen3_next(const LayerConfig& c, const HostTensor& qkvz, const HostTe
   const std::int64_t group = 2 * K + 2 * r * V;
   for (std::int64_t i = 0; i < HK; ++i) {
     const std::int64_t at = i * group;
-    copy_rows(qkvz, at, w.in_proj_qkv, i * K, K, D);                             // q_i
-    copy_rows(qkvz, at + K, w.in_proj_qkv, HK * K + i * K, K, D);                // k_i
+    copy_rows(qkvz, at, w.in_proj_qkv, i * K, K, D);                               // q_i
+    copy_rows(qkvz, at + K, w.in_proj_qkv, HK * K + i * K, K, D);                  // k_i
     copy_rows(qkvz, at + 2 * K, w.in_proj_qkv, 2 * HK * K + i * r * V, r * V, D);  // v_i
-    copy_rows(qkvz, at + 2 * K + r * V, w.in_proj_z, i * r * V, r * V, D);       // z_i
-    copy_rows(ba, i * 2 * r, w.in_proj_b, i * r, r, D);                          // b_i
-    copy_rows(ba, i * 2 * r + r, w.in_proj_a, i * r, r, D);                      // a_i
+    copy_rows(qkvz, at + 2 * K + r * V, w.in_proj_z, i * r * V, r * V, D);         // z_i
+    copy_rows(ba, i * 2 * r, w.in_proj_b, i * r, r, D);                            // b_i
+    copy_rows(ba, i * 2 * r + r, w.in_proj_a, i * r, r, D);                        // a_i
   }
 }
 

@@ -61,8 +61,8 @@ void check(const char* name, const TensorRef& t, DType dtype,
                             TensorRef{nullptr, dtype, shape}.shape_string()));
   if (t.shape != shape || t.dtype != dtype)
     throw Error(fmt::format("layer {} must be {} {}, got {} {}", name, dtype_name(dtype),
-                            TensorRef{nullptr, dtype, shape}.shape_string(),
-                            dtype_name(t.dtype), t.shape_string()));
+                            TensorRef{nullptr, dtype, shape}.shape_string(), dtype_name(t.dtype),
+                            t.shape_string()));
 }
 
 // Columns [offset, offset + width) of rows x C  <->  a dense rows x width tensor.
@@ -193,9 +193,8 @@ void forward_impl(const LayerConfig& config, const LayerParams& p, const LayerOp
     delta_rule_forward(in, core_out, options.method);
 
   // 6. y = norm.weight * o * rsqrt(mean(o^2) + eps) * silu(z), per value head
-  layer::gated_rms_norm_forward<Scalar>({d.rows * d.HV, d.V, config.rms_norm_eps},
-                                        s.o.as<Scalar>(), s.z.as<Scalar>(), ptr<Scalar>(p.norm),
-                                        s.y.as<Scalar>());
+  layer::gated_rms_norm_forward<Scalar>({d.rows * d.HV, d.V, config.rms_norm_eps}, s.o.as<Scalar>(),
+                                        s.z.as<Scalar>(), ptr<Scalar>(p.norm), s.y.as<Scalar>());
   // 7. out = y W_out^T
   layer::linear_forward<Scalar>({d.rows, vd, d.D}, s.y.as<Scalar>(), ptr<Scalar>(p.out_proj),
                                 ptr<Scalar>(out));
@@ -224,10 +223,10 @@ void backward_impl(const LayerConfig& config, const LayerParams& p, const LayerO
   layer::linear_backward_weight<Scalar>(out_proj, ptr<Scalar>(d_out), s.y.as<Scalar>(),
                                         ptr<Scalar>(grads.out_proj));
   // 6. the gated RMSNorm
-  layer::gated_rms_norm_backward<Scalar>(
-      {d.rows * d.HV, d.V, config.rms_norm_eps}, s.o.as<Scalar>(), s.z.as<Scalar>(),
-      ptr<Scalar>(p.norm), s.dy.as<Scalar>(), s.d_o.as<Scalar>(), s.dz.as<Scalar>(),
-      ptr<Scalar>(grads.norm));
+  layer::gated_rms_norm_backward<Scalar>({d.rows * d.HV, d.V, config.rms_norm_eps},
+                                         s.o.as<Scalar>(), s.z.as<Scalar>(), ptr<Scalar>(p.norm),
+                                         s.dy.as<Scalar>(), s.d_o.as<Scalar>(), s.dz.as<Scalar>(),
+                                         ptr<Scalar>(grads.norm));
   // 5. the core
   DeltaRuleInputs in{.q = s.q.ref(),
                      .k = s.k.ref(),
@@ -247,11 +246,10 @@ void backward_impl(const LayerConfig& config, const LayerParams& p, const LayerO
   else
     delta_rule_backward(in, core_grads, options.method);
   // 4. the gates
-  layer::gates_backward<Scalar>({d.rows, d.HV}, s.a.as<Scalar>(), ptr<Scalar>(p.A_log),
-                                ptr<Scalar>(p.dt_bias), s.beta.as<Scalar>(), s.g.as<Scalar>(),
-                                s.dbeta.as<Scalar>(), s.dg.as<Scalar>(), s.db.as<Scalar>(),
-                                s.da.as<Scalar>(), ptr<Scalar>(grads.A_log),
-                                ptr<Scalar>(grads.dt_bias));
+  layer::gates_backward<Scalar>(
+      {d.rows, d.HV}, s.a.as<Scalar>(), ptr<Scalar>(p.A_log), ptr<Scalar>(p.dt_bias),
+      s.beta.as<Scalar>(), s.g.as<Scalar>(), s.dbeta.as<Scalar>(), s.dg.as<Scalar>(),
+      s.db.as<Scalar>(), s.da.as<Scalar>(), ptr<Scalar>(grads.A_log), ptr<Scalar>(grads.dt_bias));
   // 3. dq | dk | dv into the post-conv gradient (post is no longer needed)
   Scalar* dpost = s.post.as<Scalar>();
   place_columns(s.dq.as<Scalar>(), kd, dpost, d.C, 0, d.rows);
@@ -313,8 +311,7 @@ void GatedDeltaNet::backward(const TensorRef& x, const TensorRef& mask, const Te
                              const TensorRef& dx, const LayerParams& grads) {
   const DType dt = params_.in_proj_qkv.dtype;
   Saved& s = *saved_;
-  if (s.B == 0)
-    throw Error("layer backward needs a forward first (on the same x and mask)");
+  if (s.B == 0) throw Error("layer backward needs a forward first (on the same x and mask)");
   const std::vector<std::int64_t> shape{s.B, s.T, config_.hidden_size};
   check("x (as in forward)", x, dt, shape);
   if (mask.given() != s.masked)
@@ -329,8 +326,8 @@ void GatedDeltaNet::backward(const TensorRef& x, const TensorRef& mask, const Te
     check(fmt::format("gradient of {}", name).c_str(), g, dt, shapes[i++]);
   });
   if (dt == DType::f64)
-    backward_impl<double>(config_, params_, options_, comm_, cp_core_.get(), s, x, mask, d_out,
-                          dx, grads);
+    backward_impl<double>(config_, params_, options_, comm_, cp_core_.get(), s, x, mask, d_out, dx,
+                          grads);
   else
     backward_impl<float>(config_, params_, options_, comm_, cp_core_.get(), s, x, mask, d_out, dx,
                          grads);

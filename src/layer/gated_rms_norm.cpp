@@ -60,8 +60,7 @@ void gated_rms_norm_backward(const NormShape& s, const Scalar* o, const Scalar* 
         dot += dn[j] * n;
       }
       const Scalar mean = dot / Scalar(s.V);
-      for (std::int64_t j = 0; j < s.V; ++j)
-        d_o[row + j] = inv * (dn[j] - o[row + j] * inv * mean);
+      for (std::int64_t j = 0; j < s.V; ++j) d_o[row + j] = inv * (dn[j] - o[row + j] * inv * mean);
     }
 #pragma omp critical
     for (std::int64_t j = 0; j < s.V; ++j) dw[j] += mine[j];
@@ -71,11 +70,11 @@ void gated_rms_norm_backward(const NormShape& s, const Scalar* o, const Scalar* 
 
 template void gated_rms_norm_forward(const NormShape&, const float*, const float*, const float*,
                                      float*);
-template void gated_rms_norm_forward(const NormShape&, const double*, const double*,
-                                     const double*, double*);
+template void gated_rms_norm_forward(const NormShape&, const double*, const double*, const double*,
+                                     double*);
 template void gated_rms_norm_backward(const NormShape&, const float*, const float*, const float*,
                                       const float*, float*, float*, float*);
-template void gated_rms_norm_backward(const NormShape&, const double*, const double*,
-                                      const double*, const double*, double*, double*, double*);
+template void gated_rms_norm_backward(const NormShape&, const double*, const double*, const double*,
+                                      const double*, double*, double*, double*);
 
 }  // namespace gdn::layer

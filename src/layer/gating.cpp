@@ -63,8 +63,8 @@ template void gates_forward(const GateShape&, const float*, const float*, const 
 template void gates_forward(const GateShape&, const double*, const double*, const double*,
                             const double*, double*, double*);
 template void gates_backward(const GateShape&, const float*, const float*, const float*,
-                             const float*, const float*, const float*, const float*, float*,
-                             float*, float*, float*);
+                             const float*, const float*, const float*, const float*, float*, float*,
+                             float*, float*);
 template void gates_backward(const GateShape&, const double*, const double*, const double*,
                              const double*, const double*, const double*, const double*, double*,
                              double*, double*, double*);

@@ -21,7 +21,7 @@ void split(std::int64_t n, std::int64_t align, Fn fn) {
   const std::int64_t threads = std::max(1, omp_in_parallel() ? 1 : omp_get_max_threads());
   const std::int64_t blocks = (n + align - 1) / align;
   const std::int64_t per = (blocks + threads - 1) / threads * align;
-#pragma omp parallel for num_threads(static_cast<int>(threads)) schedule(static)
+#pragma omp parallel for num_threads(static_cast <int>(threads)) schedule(static)
   for (std::int64_t t = 0; t < threads; ++t) {
     const std::int64_t begin = std::min(n, t * per), end = std::min(n, begin + per);
     if (begin < end) fn(begin, end);

@@ -66,7 +66,8 @@ void validate(const LayerConfig& c) {
       {"linear_value_head_dim", c.linear_value_head_dim},
       {"linear_conv_kernel_dim", c.linear_conv_kernel_dim}};
   for (const auto& [name, value] : sizes)
-    if (value <= 0) throw Error(fmt::format("layer config {} must be positive, got {}", name, value));
+    if (value <= 0)
+      throw Error(fmt::format("layer config {} must be positive, got {}", name, value));
   if (c.linear_num_value_heads % c.linear_num_key_heads != 0)
     throw Error(fmt::format(
         "layer config linear_num_value_heads ({}) must be divisible by linear_num_key_heads ({})",
