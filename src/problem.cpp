@@ -117,26 +117,6 @@ ProblemResults allocate(std::int64_t B, std::int64_t T, std::int64_t HK, std::in
   return r;
 }
 
-// Copies rows [first, first + count) of axis 1 of a [B, T, ...] tensor into `to` at row `at`.
-void copy_tokens(const HostTensor& from, std::int64_t first, std::int64_t count, HostTensor& to,
-                 std::int64_t at) {
-  const std::size_t row =
-      from.bytes.size() / static_cast<std::size_t>(from.shape[0] * from.shape[1]);
-  for (std::int64_t b = 0; b < from.shape[0]; ++b)
-    std::copy_n(from.bytes.begin() + static_cast<std::ptrdiff_t>((b * from.shape[1] + first) * row),
-                static_cast<std::size_t>(count) * row,
-                to.bytes.begin() + static_cast<std::ptrdiff_t>((b * to.shape[1] + at) * row));
-}
-
-HostTensor token_slice(const HostTensor& t, std::int64_t first, std::int64_t count) {
-  if (t.bytes.empty()) return {};
-  std::vector<std::int64_t> shape = t.shape;
-  shape[1] = count;
-  HostTensor out = HostTensor::zeros(t.dtype, shape);
-  copy_tokens(t, first, count, out, 0);
-  return out;
-}
-
 }  // namespace
 
 ProblemResults allocate_results(const Problem& p, DType dtype) {
@@ -161,12 +141,12 @@ ProblemData shard_of(const ProblemData& d, int rank, int ranks) {
                 std::to_string(ranks) + ")");
   const std::int64_t Tl = T / ranks, first = rank * Tl;
   ProblemData s = d;
-  s.q = token_slice(d.q, first, Tl);
-  s.k = token_slice(d.k, first, Tl);
-  s.v = token_slice(d.v, first, Tl);
-  s.g = token_slice(d.g, first, Tl);
-  s.beta = token_slice(d.beta, first, Tl);
-  s.d_o = token_slice(d.d_o, first, Tl);
+  s.q = slice_tokens(d.q, first, Tl);
+  s.k = slice_tokens(d.k, first, Tl);
+  s.v = slice_tokens(d.v, first, Tl);
+  s.g = slice_tokens(d.g, first, Tl);
+  s.beta = slice_tokens(d.beta, first, Tl);
+  s.d_o = slice_tokens(d.d_o, first, Tl);
   return s;
 }
 
@@ -178,7 +158,7 @@ void gather_shard(const ProblemResults& shard, int rank, ProblemResults& whole) 
                           {&shard.dv, &whole.dv},
                           {&shard.dg, &whole.dg},
                           {&shard.dbeta, &whole.dbeta}})
-    copy_tokens(*from, 0, Tl, *to, first);
+    place_tokens(*from, *to, first);
   for (auto [from, to] :
        {std::pair{&shard.final_state, &whole.final_state}, {&shard.dh0, &whole.dh0}}) {
     if (from->bytes.empty()) continue;

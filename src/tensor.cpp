@@ -1,8 +1,11 @@
 #include "gdn/tensor.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "cpu/convert.h"
 #include "gdn/error.h"
 
 namespace gdn {
@@ -67,6 +70,37 @@ std::int64_t HostTensor::numel() const {
 
 TensorRef HostTensor::ref() const {
   return {const_cast<std::byte*>(bytes.data()), dtype, shape};
+}
+
+HostTensor convert(const HostTensor& t, DType dtype) {
+  HostTensor out = HostTensor::zeros(dtype, t.shape);
+  for (std::int64_t i = 0; i < t.numel(); ++i)
+    cpu::store(out.ref(), i, cpu::load<double>(t.ref(), i));
+  return out;
+}
+
+// Copies tokens [first, first + count) of `from` to token `at` of `to`, for every batch row.
+static void copy_tokens(const HostTensor& from, std::int64_t first, std::int64_t count,
+                        HostTensor& to, std::int64_t at) {
+  const std::size_t row =
+      from.bytes.size() / static_cast<std::size_t>(from.shape[0] * from.shape[1]);
+  for (std::int64_t b = 0; b < from.shape[0]; ++b)
+    std::copy_n(from.bytes.begin() + static_cast<std::ptrdiff_t>((b * from.shape[1] + first) * row),
+                static_cast<std::size_t>(count) * row,
+                to.bytes.begin() + static_cast<std::ptrdiff_t>((b * to.shape[1] + at) * row));
+}
+
+HostTensor slice_tokens(const HostTensor& t, std::int64_t first, std::int64_t count) {
+  if (t.bytes.empty()) return {};
+  std::vector<std::int64_t> shape = t.shape;
+  shape[1] = count;
+  HostTensor out = HostTensor::zeros(t.dtype, shape);
+  copy_tokens(t, first, count, out, 0);
+  return out;
+}
+
+void place_tokens(const HostTensor& part, HostTensor& whole, std::int64_t at) {
+  copy_tokens(part, 0, part.shape[1], whole, at);
 }
 
 }  // namespace gdn

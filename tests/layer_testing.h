@@ -31,28 +31,10 @@ inline HostTensor random_tensor(DType dtype, std::vector<std::int64_t> shape, st
   return t;
 }
 
-// Projections ~ N(0, 1/fan_in); A_log ~ N(0, 0.5) (decay rates near 1), dt_bias ~ N(0, 0.5),
-// norm.weight ~ N(1, 0.1), conv ~ N(0, 0.5).
 inline LayerWeights random_weights(const LayerConfig& c, DType dtype, std::uint64_t seed) {
-  LayerWeights w = allocate_parameters(c, dtype);
-  std::uint64_t n = 0;
-  for_each_parameter(w, [&](const std::string& name, HostTensor& t) {
-    double mean = 0, stddev = 0.5;
-    if (name.starts_with("in_proj")) stddev = 1 / std::sqrt(double(c.hidden_size));
-    if (name == "out_proj.weight") stddev = 1 / std::sqrt(double(c.value_dim()));
-    if (name == "norm.weight") mean = 1, stddev = 0.1;
-    t = random_tensor(dtype, t.shape, seed * 100 + n++, mean, stddev);
-  });
-  return w;
+  return random_parameters(c, dtype, seed);
 }
 
-// The same values in another dtype.
-inline HostTensor convert(const HostTensor& t, DType dtype) {
-  HostTensor out = HostTensor::zeros(dtype, t.shape);
-  for (std::int64_t i = 0; i < t.numel(); ++i)
-    cpu::store(out.ref(), i, cpu::load<double>(t.ref(), i));
-  return out;
-}
 inline LayerWeights convert(const LayerWeights& w, DType dtype) {
   LayerWeights out = w;
   for_each_parameter(out, [&](const char*, HostTensor& t) { t = convert(t, dtype); });

@@ -15,6 +15,8 @@
 #include <fmt/format.h>
 
 #include "gdn/delta_rule.h"
+#include "gdn/layer.h"
+#include "gdn/layer_weights.h"
 #include "gdn/problem.h"
 #include "gdn/safetensors.h"
 
@@ -122,6 +124,60 @@ TEST_F(Cli, OpOverRanksMatchesTheSingleRankLibrary) {
     ASSERT_EQ(e.status, 0) << e.message;
     expect_matches(read_safetensors(path("out.safetensors")), ref,
                    {"o", "final_state", "dq", "dk", "dv", "dg", "dbeta", "dh0"});
+  }
+}
+
+// gdn layer round-trips real-format files: config.json with text_config, prefixed weights,
+// hidden_states + mask + grad_output in; output and every gradient out, on 1 and 2 ranks.
+TEST_F(Cli, LayerMatchesTheLibraryOnCheckpointFiles) {
+  const LayerConfig config{.hidden_size = 8,
+                           .linear_num_key_heads = 2,
+                           .linear_num_value_heads = 4,
+                           .linear_key_head_dim = 4,
+                           .linear_value_head_dim = 3,
+                           .linear_conv_kernel_dim = 4};
+  std::ofstream(path("config.json"))
+      << R"({"model_type": "qwen3_5", "text_config": {"hidden_size": 8, "linear_num_key_heads": 2,
+         "linear_num_value_heads": 4, "linear_key_head_dim": 4, "linear_value_head_dim": 3,
+         "linear_conv_kernel_dim": 4, "rms_norm_eps": 1e-6, "hidden_act": "silu"}})";
+  const LayerWeights weights = random_parameters(config, DType::f32, 7);
+  TensorMap checkpoint;
+  for_each_parameter(weights, [&](const std::string& name, const HostTensor& t) {
+    checkpoint["model.layers.3.linear_attn." + name] = convert(t, DType::bf16);
+  });
+  write_safetensors(path("model.safetensors"), checkpoint);
+  const LayerWeights loaded =
+      load_layer_weights(path("model.safetensors"), config, "model.layers.3.linear_attn.");
+  HostTensor x = HostTensor::zeros(DType::f32, {2, 12, 8}), d_out = x;
+  HostTensor mask = HostTensor::zeros(DType::f32, {2, 12});
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (std::int64_t i = 0; i < x.numel(); ++i) x.as<float>()[i] = normal(rng);
+  for (std::int64_t i = 0; i < d_out.numel(); ++i) d_out.as<float>()[i] = normal(rng);
+  for (std::int64_t i = 0; i < mask.numel(); ++i) mask.as<float>()[i] = i % 12 < 3 ? 0.f : 1.f;
+  write_safetensors(path("in.safetensors"),
+                    {{"hidden_states", x}, {"attention_mask", mask}, {"grad_output", d_out}});
+
+  GatedDeltaNet layer(config, view(loaded));
+  HostTensor out = HostTensor::zeros(DType::f32, x.shape), dx = out;
+  LayerWeights grads = allocate_parameters(config, DType::f32);
+  layer.forward(x.ref(), mask.ref(), out.ref());
+  layer.backward(x.ref(), mask.ref(), d_out.ref(), dx.ref(), view(grads));
+
+  for (int ranks : {1, 2}) {
+    SCOPED_TRACE(ranks);
+    const Exit e = gdn(fmt::format(
+        "layer --config '{}' --weights '{}' --prefix model.layers.3.linear_attn. --input '{}' "
+        "--output '{}' --ranks {} --strategy summary-chain",
+        path("config.json"), path("model.safetensors"), path("in.safetensors"),
+        path("out.safetensors"), ranks));
+    ASSERT_EQ(e.status, 0) << e.message;
+    const TensorMap written = read_safetensors(path("out.safetensors"));
+    EXPECT_LT(relative_error(written.at("output").ref(), out.ref()), 1e-5);
+    EXPECT_LT(relative_error(written.at("grad.hidden_states").ref(), dx.ref()), 1e-5);
+    for_each_parameter(grads, [&](const std::string& name, const HostTensor& g) {
+      EXPECT_LT(relative_error(written.at("grad." + name).ref(), g.ref()), 1e-5) << name;
+    });
   }
 }
 

@@ -11,6 +11,7 @@
 #include <fmt/ranges.h>
 #include <CLI/CLI.hpp>
 
+#include "gdn/communicator.h"
 #include "gdn/delta_rule.h"
 #include "gdn/problem.h"
 
@@ -38,6 +39,8 @@ struct RunOptions {
   int threads = 0;                // OpenMP threads (shared by in-process ranks)
   int ranks = 1;                  // context parallel: in-process ranks (mpirun: its processes)
   std::string strategy = "auto";  // a strategy name, or "all"
+  bool layer = false;             // the whole layer with random weights instead of the op
+  std::int64_t hidden = 4096;     // the layer's hidden size
 };
 void add_run_options(CLI::App& command, RunOptions& options);
 int run(const RunOptions& options);
@@ -54,5 +57,17 @@ struct OpOptions {
 };
 void add_op_options(CLI::App& command, OpOptions& options);
 int op(const OpOptions& options);
+
+// gdn layer: the Qwen3.5 GatedDeltaNet layer on a checkpoint and an input file.
+struct LayerCommandOptions {
+  std::string config, weights, prefix, input, output;
+  int ranks = 1;
+  std::string strategy = "auto";
+};
+void add_layer_options(CLI::App& command, LayerCommandOptions& options);
+int layer(const LayerCommandOptions& options);
+
+// gdn run --layer: times the layer single-rank and (with ranks or mpirun) per strategy.
+bool run_layer_job(const RunOptions& options, Communicator* world);
 
 }  // namespace gdn::app

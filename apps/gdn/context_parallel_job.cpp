@@ -13,12 +13,6 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-double slowest(Communicator& comm, double value) {
-  std::vector<double> all(static_cast<std::size_t>(comm.size()));
-  comm.all_gather(&value, all.data(), sizeof(double));
-  return *std::max_element(all.begin(), all.end());
-}
-
 // Every rank's shard results, in place in the whole.
 ProblemResults gather(Communicator& comm, const ProblemData& data, ProblemResults& mine) {
   std::vector<ProblemResults> shards(static_cast<std::size_t>(comm.size()), mine);
@@ -38,6 +32,28 @@ ProblemResults gather(Communicator& comm, const ProblemData& data, ProblemResult
 }
 
 }  // namespace
+
+double slowest(Communicator& comm, double value) {
+  std::vector<double> all(static_cast<std::size_t>(comm.size()));
+  comm.all_gather(&value, all.data(), sizeof(double));
+  return *std::max_element(all.begin(), all.end());
+}
+
+HostTensor gather_tokens(Communicator& comm, const HostTensor& part, std::int64_t T) {
+  std::vector<std::byte> all(part.bytes.size() * static_cast<std::size_t>(comm.size()));
+  comm.all_gather(part.bytes.data(), all.data(), part.bytes.size());
+  std::vector<std::int64_t> shape = part.shape;
+  shape[1] = T;
+  HostTensor whole = HostTensor::zeros(part.dtype, shape);
+  HostTensor block = part;
+  for (int r = 0; r < comm.size(); ++r) {
+    std::copy_n(
+        all.begin() + static_cast<std::ptrdiff_t>(part.bytes.size() * static_cast<std::size_t>(r)),
+        part.bytes.size(), block.bytes.begin());
+    place_tokens(block, whole, r * part.shape[1]);
+  }
+  return whole;
+}
 
 ProblemResults run_context_parallel(Communicator& comm, const ProblemData& data,
                                     const CpOptions& options, bool backward, CpStats& stats) {

@@ -19,6 +19,12 @@ struct CpStats {
 ProblemResults run_context_parallel(Communicator& comm, const ProblemData& data,
                                     const CpOptions& options, bool backward, CpStats& stats);
 
+// The largest value over the ranks (every rank gets it).
+double slowest(Communicator& comm, double value);
+
+// Every rank's [B, T / P, ...] shard, in rank order along T (every rank gets the whole).
+HostTensor gather_tokens(Communicator& comm, const HostTensor& part, std::int64_t T);
+
 // True when this process was started by mpirun with more than one process.
 bool launched_by_mpirun();
 

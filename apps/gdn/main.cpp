@@ -23,9 +23,15 @@ int main(int argc, char** argv) {
       "op", "Run the op on tensors read from a safetensors file; write the results to another");
   gdn::app::add_op_options(*op, op_options);
 
+  gdn::app::LayerCommandOptions layer_options;
+  CLI::App* layer = app.add_subcommand(
+      "layer", "Run the Qwen3.5 GatedDeltaNet layer on a checkpoint and an input file");
+  gdn::app::add_layer_options(*layer, layer_options);
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (run->parsed()) return gdn::app::run(run_options);
+    if (layer->parsed()) return gdn::app::layer(layer_options);
     return gdn::app::op(op_options);
   } catch (const std::exception& e) {  // gdn::Error, and std::bad_alloc for oversized problems
     fmt::print(stderr, "gdn: error: {}\n", e.what());

@@ -144,6 +144,11 @@ void add_run_options(CLI::App& command, RunOptions& options) {
   std::vector<std::string> strategies = {"all"};
   for (Strategy s : all_strategies()) strategies.emplace_back(strategy_name(s));
   strategies.emplace_back(strategy_name(Strategy::automatic));
+  command.add_flag("--layer", options.layer,
+                   "The whole Qwen3.5 GatedDeltaNet layer (random weights, conv kernel 4) instead "
+                   "of the op; the heads and dims options shape it");
+  command.add_option("--hidden", options.hidden, "The layer's hidden size (with --layer)")
+      ->check(CLI::PositiveNumber);
   command.add_option("--strategy", options.strategy, "Context-parallel strategy, or all of them")
       ->check(CLI::IsMember(strategies))
       ->option_text(fmt::format("{}", fmt::join(strategies, "|")));
@@ -251,6 +256,7 @@ int run(const RunOptions& options) {
   const Problem& p = options.problem;
   omp_set_num_threads(options.threads);
   std::unique_ptr<Communicator> world = launched_by_mpirun() ? mpi_world() : nullptr;
+  if (options.layer) return run_layer_job(options, world.get()) ? 0 : 1;
   const bool printer = !world || world->rank() == 0;
   if (printer)
     fmt::print(

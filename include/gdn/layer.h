@@ -67,6 +67,9 @@ void for_each_parameter(Params& p, Fn&& fn) {
 LayerParams view(const LayerWeights& weights);
 // Zero-filled parameters (or gradient buffers) of the config's shapes.
 LayerWeights allocate_parameters(const LayerConfig& config, DType dtype);
+// Random parameters in model-like ranges, from a seed: projections ~ N(0, 1/fan_in),
+// A_log, dt_bias and conv ~ N(0, 0.5), norm.weight ~ N(1, 0.1).
+LayerWeights random_parameters(const LayerConfig& config, DType dtype, std::uint64_t seed);
 
 // Positive sizes, HV divisible by HK, hidden_act silu or swish; throws gdn::Error otherwise.
 void validate(const LayerConfig& config);

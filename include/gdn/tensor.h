@@ -44,4 +44,12 @@ struct HostTensor {
   }
 };
 
+// The same values in another floating dtype (rounded to nearest even).
+HostTensor convert(const HostTensor& t, DType dtype);
+
+// Tokens [first, first + count) of a [B, T, ...] tensor (axis 1), and the inverse: `part` written
+// into `whole` from token `at` on. Context parallelism shards tensors this way.
+HostTensor slice_tokens(const HostTensor& t, std::int64_t first, std::int64_t count);
+void place_tokens(const HostTensor& part, HostTensor& whole, std::int64_t at);
+
 }  // namespace gdn

@@ -4,8 +4,11 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <cmath>
+#include <random>
 #include <vector>
 
+#include "cpu/convert.h"
 #include "gdn/error.h"
 #include "gdn/layer.h"
 
@@ -103,6 +106,21 @@ void validate(const LayerConfig& config, const LayerParams& params) {
       throw Error(fmt::format("layer parameter {} must have in_proj_qkv.weight's dtype {}, got {}",
                               name, dtype_name(dtype), dtype_name(t.dtype)));
   });
+}
+
+LayerWeights random_parameters(const LayerConfig& c, DType dtype, std::uint64_t seed) {
+  LayerWeights w = allocate_parameters(c, dtype);
+  std::uint64_t n = 0;
+  for_each_parameter(w, [&](const std::string& name, HostTensor& t) {
+    double mean = 0, stddev = 0.5;
+    if (name.starts_with("in_proj")) stddev = 1 / std::sqrt(double(c.hidden_size));
+    if (name == "out_proj.weight") stddev = 1 / std::sqrt(double(c.value_dim()));
+    if (name == "norm.weight") mean = 1, stddev = 0.1;
+    std::mt19937_64 rng(seed * 100 + n++);
+    std::normal_distribution<double> normal(mean, stddev);
+    for (std::int64_t i = 0; i < t.numel(); ++i) cpu::store(t.ref(), i, normal(rng));
+  });
+  return w;
 }
 
 }  // namespace gdn

@@ -1,0 +1,209 @@
+// gdn layer: the Qwen3.5 GatedDeltaNet layer on a real-format checkpoint and input file; and the
+// layer part of gdn run (random Qwen3.5-9B-shaped weights, single rank and context parallel).
+
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <fmt/core.h>
+
+#include "commands.h"
+#include "context_parallel_job.h"
+#include "gdn/error.h"
+#include "gdn/layer_weights.h"
+#include "gdn/safetensors.h"
+
+namespace gdn::app {
+namespace {
+
+HostTensor to_f32(const HostTensor& t) {
+  return t.bytes.empty() || t.dtype == DType::f32 ? t : convert(t, DType::f32);
+}
+
+TensorRef ref_or_none(const HostTensor& t) {
+  return t.bytes.empty() ? TensorRef{} : t.ref();
+}
+
+struct LayerRun {
+  HostTensor out, dx;
+  LayerWeights grads;
+  double forward_seconds = 0, total_seconds = 0;
+};
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// The layer on one rank (comm null) or on this rank's shard of x, mask and d_out; returns the
+// whole output and dx (gathered) and the parameter gradients (summed over ranks).
+LayerRun run_layer(Communicator* comm, const CpOptions& cp, const LayerConfig& config,
+                   const LayerWeights& weights, const HostTensor& x, const HostTensor& mask,
+                   const HostTensor& d_out) {
+  const int rank = comm ? comm->rank() : 0, ranks = comm ? comm->size() : 1;
+  const std::int64_t T = x.shape[1];
+  if (T % ranks != 0)
+    throw Error(fmt::format("T = {} must be divisible by the ranks ({})", T, ranks));
+  const std::int64_t Tl = T / ranks;
+  const HostTensor xs = slice_tokens(x, rank * Tl, Tl), masks = slice_tokens(mask, rank * Tl, Tl);
+  const HostTensor d_outs = slice_tokens(d_out, rank * Tl, Tl);
+  GatedDeltaNet layer =
+      comm ? GatedDeltaNet(*comm, cp, config, view(weights)) : GatedDeltaNet(config, view(weights));
+  LayerRun r;
+  HostTensor out = HostTensor::zeros(DType::f32, xs.shape), dx = out;
+  r.grads = allocate_parameters(config, DType::f32);
+  if (comm) comm->barrier();
+  const auto start = std::chrono::steady_clock::now();
+  layer.forward(xs.ref(), ref_or_none(masks), out.ref());
+  r.forward_seconds = seconds_since(start);
+  if (!d_out.bytes.empty())
+    layer.backward(xs.ref(), ref_or_none(masks), d_outs.ref(), dx.ref(), view(r.grads));
+  r.total_seconds = seconds_since(start);
+  if (!comm) {
+    r.out = std::move(out);
+    r.dx = std::move(dx);
+    return r;
+  }
+  r.forward_seconds = slowest(*comm, r.forward_seconds);
+  r.total_seconds = slowest(*comm, r.total_seconds);
+  r.out = gather_tokens(*comm, out, T);
+  r.dx = gather_tokens(*comm, dx, T);
+  return r;
+}
+
+// Runs the layer on one rank, or over the in-process ranks / mpirun's processes; rank 0's view.
+LayerRun run_anywhere(int ranks, int threads, const CpOptions& cp, const LayerConfig& config,
+                      const LayerWeights& weights, const HostTensor& x, const HostTensor& mask,
+                      const HostTensor& d_out, Communicator* world) {
+  if (world) return run_layer(world, cp, config, weights, x, mask, d_out);
+  if (ranks == 1) return run_layer(nullptr, cp, config, weights, x, mask, d_out);
+  LayerRun result;
+  run_in_process(ranks, [&](Communicator& comm) {
+    omp_set_num_threads(std::max(1, threads / ranks));
+    LayerRun mine = run_layer(&comm, cp, config, weights, x, mask, d_out);
+    if (comm.rank() == 0) result = std::move(mine);
+  });
+  return result;
+}
+
+}  // namespace
+
+void add_layer_options(CLI::App& command, LayerCommandOptions& options) {
+  command.add_option("--config", options.config, "config.json (or a directory holding one)")
+      ->required();
+  command
+      .add_option("--weights", options.weights,
+                  "A .safetensors file, a model.safetensors.index.json, or a directory")
+      ->required();
+  command.add_option("--prefix", options.prefix,
+                     "Key prefix of the layer's tensors, e.g. model.layers.0.linear_attn.");
+  command
+      .add_option("--input", options.input,
+                  "safetensors with hidden_states [B, T, hidden], optionally attention_mask "
+                  "[B, T] and grad_output [B, T, hidden]")
+      ->required();
+  command
+      .add_option("--output", options.output,
+                  "safetensors to write: output and, with grad_output, grad.hidden_states and "
+                  "grad.<parameter> for every parameter (f32)")
+      ->required();
+  command.add_option("--ranks", options.ranks, "Context parallel over this many in-process ranks")
+      ->check(CLI::PositiveNumber);
+  command.add_option("--strategy", options.strategy, "Context-parallel strategy (with --ranks)");
+}
+
+int layer(const LayerCommandOptions& options) {
+  const LayerConfig config = load_layer_config(options.config);
+  const LayerWeights weights = load_layer_weights(options.weights, config, options.prefix);
+  TensorMap in = read_safetensors(options.input);
+  for (const auto& [name, t] : in)
+    if (name != "hidden_states" && name != "attention_mask" && name != "grad_output")
+      throw Error(
+          fmt::format("{}: unexpected tensor \"{}\" (expected hidden_states and "
+                      "optionally attention_mask, grad_output)",
+                      options.input, name));
+  if (!in.contains("hidden_states"))
+    throw Error(fmt::format("{}: missing tensor \"hidden_states\"", options.input));
+  const HostTensor x = to_f32(in["hidden_states"]), mask = to_f32(in["attention_mask"]);
+  const HostTensor d_out = to_f32(in["grad_output"]);
+  if (x.shape.size() != 3)
+    throw Error(fmt::format("{}: hidden_states must have shape [B, T, hidden], got rank {}",
+                            options.input, x.shape.size()));
+
+  std::unique_ptr<Communicator> world = launched_by_mpirun() ? mpi_world() : nullptr;
+  LayerRun r =
+      run_anywhere(options.ranks, omp_get_max_threads(), {parse_strategy(options.strategy)}, config,
+                   weights, x, mask, d_out, world.get());
+  if (world && world->rank() != 0) return 0;
+  TensorMap out;
+  out["output"] = std::move(r.out);
+  if (!d_out.bytes.empty()) {
+    out["grad.hidden_states"] = std::move(r.dx);
+    for_each_parameter(r.grads, [&](const std::string& name, HostTensor& g) {
+      out["grad." + name] = std::move(g);
+    });
+  }
+  write_safetensors(options.output, out);
+  return 0;
+}
+
+bool run_layer_job(const RunOptions& options, Communicator* world) {
+  const Problem& p = options.problem;
+  const LayerConfig config{.hidden_size = options.hidden,
+                           .linear_num_key_heads = p.HK,
+                           .linear_num_value_heads = p.HV,
+                           .linear_key_head_dim = p.K,
+                           .linear_value_head_dim = p.V,
+                           .linear_conv_kernel_dim = 4};
+  const LayerWeights weights = random_parameters(config, DType::f32, p.seed);
+  HostTensor x = HostTensor::zeros(DType::f32, {p.B, p.T, options.hidden}), d_out = x;
+  std::mt19937_64 rng(p.seed + 1);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (std::int64_t i = 0; i < x.numel(); ++i) x.as<float>()[i] = normal(rng);
+  for (std::int64_t i = 0; i < d_out.numel(); ++i) d_out.as<float>()[i] = normal(rng);
+  const bool printer = !world || world->rank() == 0;
+  const double tokens = static_cast<double>(p.B * p.T);
+  if (printer)
+    fmt::print(
+        "gdn run --layer: B={} T={} hidden={} HK={} HV={} K={} V={} conv 4, f32, random "
+        "weights (seed {})\n\n{:<26}{:>10}{:>14}{:>14}{:>13}\n",
+        p.B, p.T, options.hidden, p.HK, p.HV, p.K, p.V, p.seed, "layer", "fwd (ms)", "fwd+bwd (ms)",
+        "tokens/s", "error");
+  LayerRun single;
+  if (printer) {
+    single = run_layer(nullptr, {}, config, weights, x, {}, d_out);
+    fmt::print("{:<26}{:>10.1f}{:>14.1f}{:>14.0f}{:>13}\n", "single rank",
+               single.forward_seconds * 1e3, single.total_seconds * 1e3,
+               tokens / single.total_seconds, "-");
+  }
+  if (!world && options.ranks == 1) return true;
+  std::vector<Strategy> strategies = options.strategy == "all"
+                                         ? all_strategies()
+                                         : std::vector<Strategy>{parse_strategy(options.strategy)};
+  bool ok = true;
+  for (Strategy s : strategies) {
+    const int ranks = world ? world->size() : options.ranks;
+    if (s == Strategy::ulysses && (p.HK % ranks != 0 || p.HV % ranks != 0)) continue;
+    LayerRun cp =
+        run_anywhere(options.ranks, options.threads, {s}, config, weights, x, {}, d_out, world);
+    if (!printer) continue;
+    double error = std::max(relative_error(cp.out.ref(), single.out.ref()),
+                            relative_error(cp.dx.ref(), single.dx.ref()));
+    LayerParams a = view(cp.grads), b = view(single.grads);
+    std::vector<TensorRef> mine, theirs;
+    for_each_parameter(a, [&](const char*, TensorRef& t) { mine.push_back(t); });
+    for_each_parameter(b, [&](const char*, TensorRef& t) { theirs.push_back(t); });
+    for (std::size_t i = 0; i < mine.size(); ++i)
+      error = std::max(error, relative_error(mine[i], theirs[i]));
+    ok = ok && error <= 1e-4;
+    fmt::print("{:<26}{:>10.1f}{:>14.1f}{:>14.0f}{:>13.2e}\n",
+               fmt::format("{} x {}", strategy_name(s), ranks), cp.forward_seconds * 1e3,
+               cp.total_seconds * 1e3, tokens / cp.total_seconds, error);
+  }
+  return ok;
+}
+
+}  // namespace gdn::app
