@@ -5,7 +5,7 @@
 #include <cmath>
 #include <vector>
 
-#include "cpu/convert.h"
+#include "cpu/layout.h"
 #include "gdn/error.h"
 
 namespace gdn {
@@ -40,20 +40,35 @@ double sigmoid(double z) {
   return 1.0 / (1.0 + std::exp(-z));
 }
 
-// x at row t of batch b, where t < 0 reads the halo (or zero).
-double input(const Conv1dArgs& a, const ConvShape& s, std::int64_t b, std::int64_t t,
-             std::int64_t d) {
-  if (t >= 0) return cpu::load<double>(a.x, (b * s.T + t) * s.D + d);
-  if (!a.halo.given()) return 0.0;
-  return cpu::load<double>(a.halo, (b * (s.W - 1) + (s.W - 1 + t)) * s.D + d);
+// The input with the rows before it: [B, W - 1 + T, D] in float64 (halo, or zeros, then x).
+std::vector<double> extended_input(const Conv1dArgs& a, const ConvShape& s) {
+  const std::int64_t rows = s.W - 1 + s.T;
+  std::vector<double> ext(static_cast<std::size_t>(s.B * rows * s.D), 0.0);
+  for (std::int64_t b = 0; b < s.B; ++b) {
+    double* dst = ext.data() + b * rows * s.D;
+    if (a.halo.given()) cpu::load_row(a.halo, b * (s.W - 1) * s.D, (s.W - 1) * s.D, dst);
+    cpu::load_row(a.x, b * s.T * s.D, s.T * s.D, dst + (s.W - 1) * s.D);
+  }
+  return ext;
 }
 
-double pre_activation(const Conv1dArgs& a, const ConvShape& s, std::int64_t b, std::int64_t t,
-                      std::int64_t d) {
-  double z = 0;
+// z[b, t, :] = sum_j w[:, j] ext[b, t + j, :], a row of D channels at a time.
+void pre_activation_row(const std::vector<double>& ext, const std::vector<double>& w,
+                        const ConvShape& s, std::int64_t b, std::int64_t t, double* z) {
+  const double* in = ext.data() + (b * (s.W - 1 + s.T) + t) * s.D;
+  std::fill_n(z, s.D, 0.0);
   for (std::int64_t j = 0; j < s.W; ++j)
-    z += cpu::load<double>(a.weight, d * s.W + j) * input(a, s, b, t - (s.W - 1) + j, d);
-  return z;
+    for (std::int64_t d = 0; d < s.D; ++d)
+      z[d] += w[static_cast<std::size_t>(j * s.D + d)] * in[j * s.D + d];
+}
+
+// The weight [D, 1, W] as [W, D] float64, so that a row of channels is contiguous.
+std::vector<double> taps(const Conv1dArgs& a, const ConvShape& s) {
+  std::vector<double> w(static_cast<std::size_t>(s.W * s.D));
+  for (std::int64_t d = 0; d < s.D; ++d)
+    for (std::int64_t j = 0; j < s.W; ++j)
+      w[static_cast<std::size_t>(j * s.D + d)] = cpu::load<double>(a.weight, d * s.W + j);
+  return w;
 }
 
 }  // namespace
@@ -61,13 +76,18 @@ double pre_activation(const Conv1dArgs& a, const ConvShape& s, std::int64_t b, s
 void conv1d_forward(const Conv1dArgs& a, const TensorRef& y) {
   const ConvShape s = check(a);
   require("y", y, {s.B, s.T, s.D});
-#pragma omp parallel for collapse(2)
-  for (std::int64_t b = 0; b < s.B; ++b)
-    for (std::int64_t t = 0; t < s.T; ++t)
-      for (std::int64_t d = 0; d < s.D; ++d) {
-        const double z = pre_activation(a, s, b, t, d);
-        cpu::store(y, (b * s.T + t) * s.D + d, z * sigmoid(z));  // silu
+  const std::vector<double> ext = extended_input(a, s), w = taps(a, s);
+#pragma omp parallel
+  {
+    std::vector<double> z(static_cast<std::size_t>(s.D));
+#pragma omp for collapse(2)
+    for (std::int64_t b = 0; b < s.B; ++b)
+      for (std::int64_t t = 0; t < s.T; ++t) {
+        pre_activation_row(ext, w, s, b, t, z.data());
+        for (double& v : z) v *= sigmoid(v);  // silu
+        cpu::store_row(y, (b * s.T + t) * s.D, s.D, z.data());
       }
+  }
 }
 
 void conv1d_backward(const Conv1dArgs& a, const TensorRef& dy, const TensorRef& dx,
@@ -77,47 +97,61 @@ void conv1d_backward(const Conv1dArgs& a, const TensorRef& dy, const TensorRef& 
   require("dx", dx, {s.B, s.T, s.D});
   require("dweight", dweight, {s.D, 1, s.W});
   if (dhalo.given()) require("dhalo", dhalo, {s.B, s.W - 1, s.D});
-  // dz = dy silu'(z), silu'(z) = sigmoid(z) (1 + z (1 - sigmoid(z))); then dx and dw by the taps.
+  const std::vector<double> ext = extended_input(a, s), w = taps(a, s);
+  const std::int64_t rows = s.W - 1 + s.T;
+  // dz = dy silu'(z), silu'(z) = sigmoid(z) (1 + z (1 - sigmoid(z))).
   std::vector<double> dz(static_cast<std::size_t>(s.B * s.T * s.D));
-#pragma omp parallel for collapse(2)
-  for (std::int64_t b = 0; b < s.B; ++b)
-    for (std::int64_t t = 0; t < s.T; ++t)
-      for (std::int64_t d = 0; d < s.D; ++d) {
-        const std::int64_t i = (b * s.T + t) * s.D + d;
-        const double z = pre_activation(a, s, b, t, d), sz = sigmoid(z);
-        dz[static_cast<std::size_t>(i)] = cpu::load<double>(dy, i) * sz * (1 + z * (1 - sz));
-      }
-  // Row t of the extended input [halo; x] feeds outputs t .. t + W - 1 through taps W - 1 .. 0.
-  const auto grad_input = [&](std::int64_t b, std::int64_t t, std::int64_t d) {
-    double sum = 0;
-    for (std::int64_t j = 0; j < s.W; ++j) {
-      const std::int64_t out = t + (s.W - 1) - j;
-      if (out >= 0 && out < s.T)
-        sum += cpu::load<double>(a.weight, d * s.W + j) *
-               dz[static_cast<std::size_t>((b * s.T + out) * s.D + d)];
-    }
-    return sum;
-  };
-#pragma omp parallel for collapse(2)
-  for (std::int64_t b = 0; b < s.B; ++b)
-    for (std::int64_t t = 0; t < s.T; ++t)
-      for (std::int64_t d = 0; d < s.D; ++d)
-        cpu::store(dx, (b * s.T + t) * s.D + d, grad_input(b, t, d));
-  if (dhalo.given())
+#pragma omp parallel
+  {
+    std::vector<double> z(static_cast<std::size_t>(s.D)), g(z.size());
+#pragma omp for collapse(2)
     for (std::int64_t b = 0; b < s.B; ++b)
-      for (std::int64_t t = 1 - s.W; t < 0; ++t)
-        for (std::int64_t d = 0; d < s.D; ++d)
-          cpu::store(dhalo, (b * (s.W - 1) + (s.W - 1 + t)) * s.D + d, grad_input(b, t, d));
+      for (std::int64_t t = 0; t < s.T; ++t) {
+        pre_activation_row(ext, w, s, b, t, z.data());
+        cpu::load_row(dy, (b * s.T + t) * s.D, s.D, g.data());
+        double* out = dz.data() + (b * s.T + t) * s.D;
+        for (std::int64_t d = 0; d < s.D; ++d) {
+          const double sz = sigmoid(z[d]);
+          out[d] = g[d] * sz * (1 + z[d] * (1 - sz));
+        }
+      }
+  }
+  // Row r of the extended input feeds outputs r - j through tap j: d_ext[r] = sum_j w_j dz[r - j].
+#pragma omp parallel
+  {
+    std::vector<double> row(static_cast<std::size_t>(s.D));
+#pragma omp for collapse(2)
+    for (std::int64_t b = 0; b < s.B; ++b)
+      for (std::int64_t r = 0; r < rows; ++r) {
+        if (r < s.W - 1 && !dhalo.given()) continue;
+        std::fill(row.begin(), row.end(), 0.0);
+        for (std::int64_t j = 0; j < s.W; ++j) {
+          const std::int64_t t = r - j;
+          if (t < 0 || t >= s.T) continue;
+          const double* g = dz.data() + (b * s.T + t) * s.D;
+          for (std::int64_t d = 0; d < s.D; ++d)
+            row[d] += w[static_cast<std::size_t>(j * s.D + d)] * g[d];
+        }
+        if (r < s.W - 1)
+          cpu::store_row(dhalo, (b * (s.W - 1) + r) * s.D, s.D, row.data());
+        else
+          cpu::store_row(dx, (b * s.T + r - (s.W - 1)) * s.D, s.D, row.data());
+      }
+  }
+  // dw[d, j] = sum_{b, t} dz[b, t, d] ext[b, t + j, d]
+  std::vector<double> dw(static_cast<std::size_t>(s.W * s.D), 0.0);
 #pragma omp parallel for
+  for (std::int64_t j = 0; j < s.W; ++j)
+    for (std::int64_t b = 0; b < s.B; ++b)
+      for (std::int64_t t = 0; t < s.T; ++t) {
+        const double* g = dz.data() + (b * s.T + t) * s.D;
+        const double* in = ext.data() + (b * rows + t + j) * s.D;
+        double* acc = dw.data() + j * s.D;
+        for (std::int64_t d = 0; d < s.D; ++d) acc[d] += g[d] * in[d];
+      }
   for (std::int64_t d = 0; d < s.D; ++d)
-    for (std::int64_t j = 0; j < s.W; ++j) {
-      double sum = 0;
-      for (std::int64_t b = 0; b < s.B; ++b)
-        for (std::int64_t t = 0; t < s.T; ++t)
-          sum += dz[static_cast<std::size_t>((b * s.T + t) * s.D + d)] *
-                 input(a, s, b, t - (s.W - 1) + j, d);
-      cpu::store(dweight, d * s.W + j, sum);
-    }
+    for (std::int64_t j = 0; j < s.W; ++j)
+      cpu::store(dweight, d * s.W + j, dw[static_cast<std::size_t>(j * s.D + d)]);
 }
 
 namespace {
