@@ -35,6 +35,8 @@ inline LayerWeights random_weights(const LayerConfig& c, DType dtype, std::uint6
   return random_parameters(c, dtype, seed);
 }
 
+using gdn::convert;  // one tensor (tensor.h); the overload below converts all parameters
+
 inline LayerWeights convert(const LayerWeights& w, DType dtype) {
   LayerWeights out = w;
   for_each_parameter(out, [&](const char*, HostTensor& t) { t = convert(t, dtype); });
