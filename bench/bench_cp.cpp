@@ -57,6 +57,27 @@ void compose(benchmark::State& state) {
   for (auto _ : state) benchmark::DoNotOptimize(b.after(a).data.data());
 }
 
+// A message between two in-process ranks and back (the a and b of the model): 8 B and 8 MiB.
+void ping_pong(benchmark::State& state) {
+  const auto bytes = static_cast<std::size_t>(state.range(0));
+  std::vector<std::byte> a(bytes), b(bytes);
+  const int rounds = 20;
+  for (auto _ : state)
+    gdn::run_in_process(2, [&](gdn::Communicator& comm) {
+      for (int i = 0; i < rounds; ++i)
+        if (comm.rank() == 0) {
+          comm.send(a.data(), bytes, 1);
+          comm.recv(a.data(), bytes, 1);
+        } else {
+          comm.recv(b.data(), bytes, 0);
+          comm.send(b.data(), bytes, 0);
+        }
+    });
+  state.counters["one way (s)"] =
+      benchmark::Counter(double(state.iterations()) * 2 * rounds,
+                         benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+}
+
 void strategy(benchmark::State& state) {
   const gdn::Problem p = problem(state.range(0));
   const int ranks = static_cast<int>(state.range(1));
@@ -86,6 +107,7 @@ BENCHMARK(local_pass)
     ->MeasureProcessCPUTime()
     ->UseRealTime();
 BENCHMARK(compose)->Unit(benchmark::kMillisecond);
+BENCHMARK(ping_pong)->Arg(8)->Arg(8 << 20)->UseRealTime();
 BENCHMARK(strategy)
     ->ArgsProduct({{2048}, {2, 4}, {0, 1, 2, 3, 4}, {0, 1}})
     ->Unit(benchmark::kMillisecond)

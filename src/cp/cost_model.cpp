@@ -6,12 +6,12 @@
 namespace gdn::cp {
 namespace {
 
-// Measured on the 2-core CI machine, in-process ranks (bench/RESULTS.md, "CP cost model").
-constexpr double kForwardSecondsPerTokenHead = 6.1e-6;  // t / (T/P tokens x B x HV), K = V = 128
-constexpr double kSummaryRatio = 0.75;                  // s
-constexpr double kMessageSeconds = 20e-6;               // a
-constexpr double kBytesPerSecond = 5e9;                 // b
-constexpr double kComposeSecondsPerHead = 0.25e-3;      // c, K = 128
+// Measured on the 2-core CI machine kind with bench/bench_cp (bench/RESULTS.md, "CP cost model").
+constexpr double kForwardSecondsPerTokenHead = 6.3e-6;  // t per token and value head, one core
+constexpr double kSummaryRatio = 0.86;                  // s: summary (M, N) / local forward
+constexpr double kMessageSeconds = 12e-6;               // a: one in-process message
+constexpr double kBytesPerSecond = 1.9e9;               // b: in-process, 8 MiB messages
+constexpr double kComposeSecondsPerHead = 0.24e-3;      // c: one (M, N) composition, K = V = 128
 
 double local_forward_seconds(const ShardPlan& plan) {
   const DeltaRuleShape& s = plan.shape;
