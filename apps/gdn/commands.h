@@ -37,7 +37,7 @@ CLI::Option* add_choice(CLI::App& command, const std::string& name, T& value,
 struct RunOptions {
   Problem problem;
   int threads = 0;                // OpenMP threads (shared by in-process ranks)
-  int ranks = 1;                  // context parallel: in-process ranks (mpirun: its processes)
+  int ranks = 2;                  // context parallel: in-process ranks (mpirun: its processes)
   std::string strategy = "auto";  // a strategy name, or "all"
   bool layer = false;             // the whole layer with random weights instead of the op
   std::int64_t hidden = 4096;     // the layer's hidden size

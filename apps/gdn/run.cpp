@@ -139,7 +139,7 @@ void add_run_options(CLI::App& command, RunOptions& options) {
   command
       .add_option("--ranks", options.ranks,
                   "Context parallel over this many in-process ranks (under mpirun: its "
-                  "processes); T must be divisible by it")
+                  "processes; 1: the single-rank pass alone); T must be divisible by it")
       ->check(CLI::PositiveNumber);
   std::vector<std::string> strategies = {"all"};
   for (Strategy s : all_strategies()) strategies.emplace_back(strategy_name(s));
@@ -156,7 +156,7 @@ void add_run_options(CLI::App& command, RunOptions& options) {
       "Times one forward and one backward call of the chunked path, then checks outputs, final "
       "state and gradients of key head 0 against the float64 recurrence. GFLOP/s counts forward "
       "FLOPs x3 for backward. Exits 1 when the largest relative error exceeds 1e-4 (f32) or 2e-2 "
-      "(bf16, f16). With --ranks (or under mpirun) it then runs the context-parallel strategies "
+      "(bf16, f16). Then (unless --ranks 1) it runs the context-parallel strategy (or all of them) "
       "on shards of the same problem and prints their times, the bytes each rank sent and the "
       "error against the single-rank result.");
 }
