@@ -20,6 +20,21 @@ DeltaRuleInputs global_view(const DeltaRuleInputs& shard, int ranks) {
   return view;
 }
 
+// Rows of `local` (one per segment) into the user's [N, HV, K, V] by sequence, for the segments
+// whose `crosses` flag is false (they own the row); every other row of the user's tensor is zero.
+void write_owned_rows(const ShardPlan& plan, const HostTensor& local, const TensorRef& user,
+                      bool Segment::*crosses) {
+  if (!user.given()) return;
+  const std::int64_t row = plan.state_size();
+  const std::vector<float> zeros(static_cast<std::size_t>(row), 0.0f);
+  for (std::int64_t n = 0; n < plan.global_sequences; ++n)
+    cpu::store_row(user, n * row, row, zeros.data());
+  for (std::size_t i = 0; i < plan.segments.size(); ++i)
+    if (!(plan.segments[i].*crosses))
+      cpu::store_row(user, plan.segments[i].sequence * row, row,
+                     local.as<float>() + static_cast<std::int64_t>(i) * row);
+}
+
 }  // namespace
 
 ShardPlan plan_shard(Communicator& comm, const DeltaRuleInputs& shard) {
@@ -100,15 +115,7 @@ std::vector<float> LocalProblem::carried_out(const ShardPlan& plan) const {
 }
 
 void LocalProblem::write_final_state(const ShardPlan& plan, const TensorRef& user) const {
-  if (!user.given()) return;
-  const std::int64_t row = plan.state_size();
-  const std::vector<float> zeros(static_cast<std::size_t>(row), 0.0f);
-  for (std::int64_t n = 0; n < plan.global_sequences; ++n)
-    cpu::store_row(user, n * row, row, zeros.data());
-  for (std::size_t i = 0; i < plan.segments.size(); ++i)
-    if (!plan.segments[i].to_next)
-      cpu::store_row(user, plan.segments[i].sequence * row, row,
-                     final_state.as<float>() + static_cast<std::int64_t>(i) * row);
+  write_owned_rows(plan, final_state, user, &Segment::to_next);
 }
 
 void LocalProblem::set_d_final_state(const ShardPlan& plan, const TensorRef& user,
@@ -137,15 +144,7 @@ std::vector<float> LocalProblem::carried_grad_out(const ShardPlan& plan) const {
 }
 
 void LocalProblem::write_dh0(const ShardPlan& plan, const TensorRef& user) const {
-  if (!user.given()) return;
-  const std::int64_t row = plan.state_size();
-  const std::vector<float> zeros(static_cast<std::size_t>(row), 0.0f);
-  for (std::int64_t n = 0; n < plan.global_sequences; ++n)
-    cpu::store_row(user, n * row, row, zeros.data());
-  for (std::size_t i = 0; i < plan.segments.size(); ++i)
-    if (!plan.segments[i].from_previous)
-      cpu::store_row(user, plan.segments[i].sequence * row, row,
-                     dh0.as<float>() + static_cast<std::int64_t>(i) * row);
+  write_owned_rows(plan, dh0, user, &Segment::from_previous);
 }
 
 }  // namespace gdn::cp

@@ -1,38 +1,11 @@
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include "cuda/check.h"
+#include "cuda/common.cuh"
 #include "cuda/l2norm.h"
 
 namespace gdn::cuda {
 namespace {
 
 constexpr int kWarpsPerBlock = 8;
-
-__device__ inline float to_float(float x) {
-  return x;
-}
-__device__ inline float to_float(__nv_bfloat16 x) {
-  return __bfloat162float(x);
-}
-__device__ inline float to_float(__half x) {
-  return __half2float(x);
-}
-
-template <typename T>
-__device__ inline T from_float(float x);
-template <>
-__device__ inline float from_float<float>(float x) {
-  return x;
-}
-template <>
-__device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
-template <>
-__device__ inline __half from_float<__half>(float x) {
-  return __float2half_rn(x);
-}
 
 // One warp per row: the sum of squares in float32, reduced by shuffles.
 template <typename T>
