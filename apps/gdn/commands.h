@@ -39,6 +39,7 @@ struct RunOptions {
   int threads = 0;                // OpenMP threads (shared by in-process ranks)
   int ranks = 2;                  // context parallel: in-process ranks (mpirun: its processes)
   std::string strategy = "auto";  // a strategy name, or "all"
+  std::string device = "cpu";     // or "cuda": the op on the GPU (bf16 inputs unless f16)
   bool layer = false;             // the whole layer with random weights instead of the op
   std::int64_t hidden = 4096;     // the layer's hidden size
 };
@@ -54,6 +55,7 @@ struct OpOptions {
   Method method = Method::chunked;
   int ranks = 1;  // context parallel, as for gdn run
   std::string strategy = "auto";
+  std::string device = "cpu";  // or "cuda"
 };
 void add_op_options(CLI::App& command, OpOptions& options);
 int op(const OpOptions& options);

@@ -11,6 +11,7 @@
 
 #include "commands.h"
 #include "context_parallel_job.h"
+#include "cuda_job.h"
 #include "gdn/error.h"
 #include "gdn/safetensors.h"
 
@@ -52,6 +53,8 @@ void add_op_options(CLI::App& command, OpOptions& options) {
                   "processes); T must be divisible by it")
       ->check(CLI::PositiveNumber);
   command.add_option("--strategy", options.strategy, "Context-parallel strategy (with --ranks)");
+  command.add_option("--device", options.device, "cpu, or cuda (bf16 or f16 inputs, one rank)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   add_choice(command, "--method", options.method,
              {{"chunked", Method::chunked}, {"recurrent", Method::recurrent}},
              "chunked (float32) or recurrent (float64, the oracle); default chunked");
@@ -90,7 +93,11 @@ int op(const OpOptions& options) {
 
   std::unique_ptr<Communicator> world = launched_by_mpirun() ? mpi_world() : nullptr;
   ProblemResults results;
-  if (!world && options.ranks == 1) {
+  if (options.device == "cuda") {
+    if (world || options.ranks != 1) throw Error("--device cuda runs on one rank: drop --ranks");
+    CudaTimes times;
+    results = run_on_cuda(data, backward, times);
+  } else if (!world && options.ranks == 1) {
     results = allocate_results(data, DType::f32);
     delta_rule_forward(data.inputs(), results.outputs(), options.method);
     if (backward) delta_rule_backward(data.inputs(), results.grads(data), options.method);
@@ -110,6 +117,9 @@ int op(const OpOptions& options) {
     }
   }
 
+  for (HostTensor* t : {&results.o, &results.final_state, &results.dq, &results.dk, &results.dv,
+                        &results.dg, &results.dbeta, &results.dh0})
+    if (!t->bytes.empty() && t->dtype != DType::f32) *t = convert(*t, DType::f32);
   TensorMap out;
   out["o"] = std::move(results.o);
   out["final_state"] = std::move(results.final_state);
