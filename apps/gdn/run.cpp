@@ -210,12 +210,11 @@ bool run_strategies(const RunOptions& options, Communicator* world, const Proble
     }
     if (!printer) continue;
     double error = 0;
-    ProblemResults& reference = const_cast<ProblemResults&>(single);
     for (auto field : {&ProblemResults::o, &ProblemResults::final_state, &ProblemResults::dq,
                        &ProblemResults::dk, &ProblemResults::dv, &ProblemResults::dg,
                        &ProblemResults::dbeta, &ProblemResults::dh0})
-      if (!(reference.*field).bytes.empty())
-        error = std::max(error, relative_error((cp.*field).ref(), (reference.*field).ref()));
+      if (!(single.*field).bytes.empty())
+        error = std::max(error, relative_error((cp.*field).ref(), (single.*field).ref()));
     ok = ok && error <= tolerance;
     const std::string name = strategy == stats.strategy
                                  ? std::string(strategy_name(strategy))
