@@ -12,6 +12,7 @@
 #include <CLI/CLI.hpp>
 
 #include "gdn/communicator.h"
+#include "gdn/context_parallel.h"
 #include "gdn/delta_rule.h"
 #include "gdn/problem.h"
 
@@ -29,6 +30,26 @@ CLI::Option* add_choice(CLI::App& command, const std::string& name, T& value,
       if (n == chosen) value = v;
   };
   return command.add_option_function<std::string>(name, set, help)
+      ->check(CLI::IsMember(names))
+      ->option_text(fmt::format("{}", fmt::join(names, "|")));
+}
+
+// --ranks and --strategy of the subcommands that run context parallel ("all" only for gdn run).
+inline void add_ranks_options(CLI::App& command, int& ranks, std::string& strategy,
+                              bool allow_all) {
+  command
+      .add_option("--ranks", ranks,
+                  "Context parallel over this many in-process ranks (under mpirun: its "
+                  "processes; 1: one rank); T must be divisible by it")
+      ->check(CLI::PositiveNumber);
+  std::vector<std::string> names;
+  if (allow_all) names.emplace_back("all");
+  for (Strategy s : all_strategies()) names.emplace_back(strategy_name(s));
+  names.emplace_back(strategy_name(Strategy::automatic));
+  command
+      .add_option(
+          "--strategy", strategy,
+          allow_all ? "Context-parallel strategy, or all of them" : "Context-parallel strategy")
       ->check(CLI::IsMember(names))
       ->option_text(fmt::format("{}", fmt::join(names, "|")));
 }

@@ -110,9 +110,7 @@ void add_layer_options(CLI::App& command, LayerCommandOptions& options) {
                   "safetensors to write: output and, with grad_output, grad.hidden_states and "
                   "grad.<parameter> for every parameter (f32)")
       ->required();
-  command.add_option("--ranks", options.ranks, "Context parallel over this many in-process ranks")
-      ->check(CLI::PositiveNumber);
-  command.add_option("--strategy", options.strategy, "Context-parallel strategy (with --ranks)");
+  add_ranks_options(command, options.ranks, options.strategy, false);
 }
 
 int layer(const LayerCommandOptions& options) {

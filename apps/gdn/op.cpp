@@ -47,12 +47,7 @@ void add_op_options(CLI::App& command, OpOptions& options) {
                    "L2-normalize q and k in the op (use_qk_l2norm_in_kernel)");
   command.add_option("--chunk", options.chunk_size, "Chunk size C of the chunked method")
       ->check(CLI::PositiveNumber);
-  command
-      .add_option("--ranks", options.ranks,
-                  "Context parallel over this many in-process ranks (under mpirun: its "
-                  "processes); T must be divisible by it")
-      ->check(CLI::PositiveNumber);
-  command.add_option("--strategy", options.strategy, "Context-parallel strategy (with --ranks)");
+  add_ranks_options(command, options.ranks, options.strategy, false);
   command.add_option("--device", options.device, "cpu, or cuda (bf16 or f16 inputs, one rank)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   add_choice(command, "--method", options.method,

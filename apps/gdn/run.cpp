@@ -137,14 +137,7 @@ void add_run_options(CLI::App& command, RunOptions& options) {
                    "Start from a random initial state (adds dh0 to the check)");
   command.add_option("--threads", options.threads, "OpenMP threads (default: all cores)")
       ->check(CLI::PositiveNumber);
-  command
-      .add_option("--ranks", options.ranks,
-                  "Context parallel over this many in-process ranks (under mpirun: its "
-                  "processes; 1: the single-rank pass alone); T must be divisible by it")
-      ->check(CLI::PositiveNumber);
-  std::vector<std::string> strategies = {"all"};
-  for (Strategy s : all_strategies()) strategies.emplace_back(strategy_name(s));
-  strategies.emplace_back(strategy_name(Strategy::automatic));
+  add_ranks_options(command, options.ranks, options.strategy, true);
   command
       .add_option("--device", options.device,
                   "cpu, or cuda: the op on the GPU (bf16 inputs "
@@ -155,9 +148,6 @@ void add_run_options(CLI::App& command, RunOptions& options) {
                    "of the op; the heads and dims options shape it");
   command.add_option("--hidden", options.hidden, "The layer's hidden size (with --layer)")
       ->check(CLI::PositiveNumber);
-  command.add_option("--strategy", options.strategy, "Context-parallel strategy, or all of them")
-      ->check(CLI::IsMember(strategies))
-      ->option_text(fmt::format("{}", fmt::join(strategies, "|")));
   command.footer(
       "Times one forward and one backward call of the chunked path, then checks outputs, final "
       "state and gradients of key head 0 against the float64 recurrence. GFLOP/s counts forward "
