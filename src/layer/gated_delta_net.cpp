@@ -125,6 +125,17 @@ GatedDeltaNet::~GatedDeltaNet() = default;
 
 namespace {
 
+// The core's inputs (spec 6, step 5): q and k are l2-normalized in the kernel.
+DeltaRuleInputs core_inputs(const GatedDeltaNet::Saved& s, const LayerOptions& options) {
+  return {.q = s.q.ref(),
+          .k = s.k.ref(),
+          .v = s.v.ref(),
+          .g = s.g.ref(),
+          .beta = s.beta.ref(),
+          .use_qk_l2norm = true,
+          .chunk_size = options.chunk_size};
+}
+
 template <typename Scalar>
 void forward_impl(const LayerConfig& config, const LayerParams& p, const LayerOptions& options,
                   Communicator* comm, CpDeltaRule* cp_core, GatedDeltaNet::Saved& s,
@@ -179,13 +190,7 @@ void forward_impl(const LayerConfig& config, const LayerParams& p, const LayerOp
                                s.g.as<Scalar>());
 
   // 5. o = gated delta rule(q, k, v, g, beta), q and k l2-normalized in the kernel
-  DeltaRuleInputs in{.q = s.q.ref(),
-                     .k = s.k.ref(),
-                     .v = s.v.ref(),
-                     .g = s.g.ref(),
-                     .beta = s.beta.ref(),
-                     .use_qk_l2norm = true,
-                     .chunk_size = options.chunk_size};
+  const DeltaRuleInputs in = core_inputs(s, options);
   const DeltaRuleOutputs core_out{.o = s.o.ref()};
   if (cp_core)
     cp_core->forward(in, core_out);
@@ -228,13 +233,7 @@ void backward_impl(const LayerConfig& config, const LayerParams& p, const LayerO
                                          s.dy.as<Scalar>(), s.d_o.as<Scalar>(), s.dz.as<Scalar>(),
                                          ptr<Scalar>(grads.norm));
   // 5. the core
-  DeltaRuleInputs in{.q = s.q.ref(),
-                     .k = s.k.ref(),
-                     .v = s.v.ref(),
-                     .g = s.g.ref(),
-                     .beta = s.beta.ref(),
-                     .use_qk_l2norm = true,
-                     .chunk_size = options.chunk_size};
+  const DeltaRuleInputs in = core_inputs(s, options);
   const DeltaRuleGrads core_grads{.d_o = s.d_o.ref(),
                                   .dq = s.dq.ref(),
                                   .dk = s.dk.ref(),
