@@ -1,142 +1,176 @@
-// Per (chunk, value head), independent of the state (spec 3):
+// Per (chunk, value head), everything that does not depend on the state (spec 3):
 //   G = chunk-local cumsum(g),  L = strictly_lower(diag(beta) K K^T * exp(G_i - G_j)),
-//   A = (I + L)^-1,  W = A diag(beta exp(G)) K,  U = A diag(beta) V.
-// The backward also keeps A and dv_local = scale P^T dO, P = (Q K^T) * exp(G_i - G_j) (i >= j).
+//   A = (I + L)^-1,  P = scale (Q K^T) * exp(G_i - G_j) on and below the diagonal,
+// stored as G and beta (f32) and A, P (bf16) for the state passes and the gradient kernel.
+// K K^T and Q K^T share their K^T fragments (mma.sync); A is inverted in f32 in 16 x 16 blocks:
+// forward substitution on the diagonal blocks, then A_ij = -A_ii sum_{j <= m < i} L_im A_mj.
 #include "cuda/check.h"
 #include "cuda/kernels.h"
+#include "cuda/mma.cuh"
 #include "cuda/tile_io.cuh"
 
 namespace gdn::cuda {
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kLdY = 17;  // f32 row stride of a 16 x 16 block
 
 struct PrepSmem {
-  static constexpr int ks = 0;                       // bf16 [64][136]  K
-  static constexpr int kb = ks + kC * kLdH * 2;      // bf16 [64][136]  diag(beta e) K
-  static constexpr int vb = kb + kC * kLdH * 2;      // bf16 [64][136]  diag(beta) V
-  static constexpr int kk = vb + kC * kLdH * 2;      // f32 [64][68]    K K^T, then L
-  static constexpr int af = kk + kC * kLdF64 * 4;    // f32 [64][68]    A
-  static constexpr int ab = af + kC * kLdF64 * 4;    // bf16 [64][72]   A
-  static constexpr int out = ab + kC * kLdH64 * 2;   // f32 [64][132]
-  static constexpr int gates = out + kC * kLdF * 4;  // f32 G[64], beta[64]
-  static constexpr int forward_bytes = gates + 2 * kC * 4;
-  static constexpr int qs = forward_bytes;        // bf16 [64][136]  Q
-  static constexpr int dos = qs + kC * kLdH * 2;  // bf16 [64][136]  dO
-  static constexpr int pb = dos + kC * kLdH * 2;  // bf16 [64][72]   P
-  static constexpr int backward_bytes = pb + kC * kLdH64 * 2;
+  static constexpr int ks = 0;                         // bf16 [64][136]  K, then A (bf16)
+  static constexpr int qs = ks + kC * kLdH * 2;        // bf16 [64][136]  Q, then P (bf16)
+  static constexpr int l = qs + kC * kLdH * 2;         // f32 [64][68]    L
+  static constexpr int af = l + kC * kLdF64 * 4;       // f32 [64][68]    A
+  static constexpr int y = af + kC * kLdF64 * 4;       // f32 [3][16][17] block products
+  static constexpr int gates = y + 3 * 16 * kLdY * 4;  // f32 G[64], beta[64]
+  static constexpr int bytes = gates + 2 * kC * 4;
 };
 
-template <typename In, bool kBackward>
+// G = inclusive cumsum of the 64 values, by warp 0 (two values per lane).
+__device__ inline void chunk_cumsum(float* G) {
+  if (threadIdx.x >= 32) return;
+  const int lane = threadIdx.x;
+  float lo = G[lane], hi = G[lane + 32];
+  for (int offset = 1; offset < 32; offset *= 2) {
+    const float a = __shfl_up_sync(0xffffffffu, lo, offset);
+    const float b = __shfl_up_sync(0xffffffffu, hi, offset);
+    if (lane >= offset) lo += a, hi += b;
+  }
+  hi += __shfl_sync(0xffffffffu, lo, 31);
+  G[lane] = lo;
+  G[lane + 32] = hi;
+}
+
+// af = (I + l)^-1 for a strictly lower triangular 64 x 64 l (f32, row stride kLdF64).
+__device__ inline void invert_unit_lower(const float* l, float* af, float* y) {
+  const int tid = threadIdx.x;
+  if (tid < kC) {  // diagonal block b, column c: forward substitution in registers
+    const int b = tid / 16, c = tid % 16, o = 16 * b;
+    float col[16];
+#pragma unroll
+    for (int r = 0; r < 16; ++r) {
+      float sum = r == c ? 1.0f : 0.0f;
+#pragma unroll
+      for (int j = 0; j < r; ++j) sum -= l[(o + r) * kLdF64 + o + j] * col[j];
+      col[r] = sum;
+    }
+#pragma unroll
+    for (int r = 0; r < 16; ++r) af[(o + r) * kLdF64 + o + c] = col[r];
+  }
+  __syncthreads();
+  for (int d = 1; d < 4; ++d) {  // the blocks (j + d, j)
+    const int blocks = 4 - d;
+    for (int e = tid; e < blocks * 256; e += kThreads) {
+      const int j = e / 256, i = j + d, r = e / 16 % 16, c = e % 16;
+      float sum = 0;
+      for (int m = 16 * j; m < 16 * i; ++m)
+        sum += l[(16 * i + r) * kLdF64 + m] * af[m * kLdF64 + 16 * j + c];
+      y[(j * 16 + r) * kLdY + c] = sum;
+    }
+    __syncthreads();
+    for (int e = tid; e < blocks * 256; e += kThreads) {
+      const int j = e / 256, i = j + d, r = e / 16 % 16, c = e % 16;
+      float sum = 0;
+#pragma unroll
+      for (int m = 0; m < 16; ++m)
+        sum += af[(16 * i + r) * kLdF64 + 16 * i + m] * y[(j * 16 + m) * kLdY + c];
+      af[(16 * i + r) * kLdF64 + 16 * j + c] = -sum;
+    }
+    __syncthreads();
+  }
+}
+
+// 64 rows of 64 bf16 from a padded shared tile to contiguous global memory.
+__device__ inline void store_tile64(bf16* dst, const bf16* src) {
+  for (int idx = threadIdx.x; idx < kC * 8; idx += kThreads) {
+    const int r = idx / 8, part = idx % 8;
+    *reinterpret_cast<uint4*>(dst + r * kC + part * 8) =
+        *reinterpret_cast<const uint4*>(src + r * kLdH64 + part * 8);
+  }
+}
+
 __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(Params p) {
   const int cid = blockIdx.x, hv = blockIdx.y, tid = threadIdx.x;
+  const int warp = tid / 32, lane = tid % 32;
   const ChunkInfo info = p.chunks[cid];
   if (info.len == 0) return;
   const int hk = hv / (p.HV / p.HK), len = info.len, b = info.b, t0 = info.t0;
   const long long s = slot(p, cid, hv);
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* ks = reinterpret_cast<bf16*>(smem + PrepSmem::ks);
-  bf16* kb = reinterpret_cast<bf16*>(smem + PrepSmem::kb);
-  bf16* vb = reinterpret_cast<bf16*>(smem + PrepSmem::vb);
-  float* kk = reinterpret_cast<float*>(smem + PrepSmem::kk);
-  float* af = reinterpret_cast<float*>(smem + PrepSmem::af);
-  bf16* ab = reinterpret_cast<bf16*>(smem + PrepSmem::ab);
-  float* out = reinterpret_cast<float*>(smem + PrepSmem::out);
+  bf16* qs = reinterpret_cast<bf16*>(smem + PrepSmem::qs);
+  float* L = reinterpret_cast<float*>(smem + PrepSmem::l);
+  float* Af = reinterpret_cast<float*>(smem + PrepSmem::af);
+  float* Y = reinterpret_cast<float*>(smem + PrepSmem::y);
   float* G = reinterpret_cast<float*>(smem + PrepSmem::gates);
   float* beta = G + kC;
 
-  if (tid < kC) {
+  if (tid < kC) {  // padded rows: g = 0 (G keeps its last value) and beta = 0
     const long long r = v_row(p, b, t0 + tid, hv);
     G[tid] = tid < len ? p.g[r] : 0.0f;
-    beta[tid] = tid < len ? load_scalar(p.beta, r, p.beta_code) : 0.0f;  // padded rows: no write
+    beta[tid] = tid < len ? load_scalar(p.beta, r, p.beta_code) : 0.0f;
   }
-  load_token_rows_bf16(ks, p.kn + qk_row(p, b, t0, hk) * kD, p.HK, len);
+  const long long row = qk_row(p, b, t0, hk);
+  load_token_rows_bf16(ks, p.kn + row * kD, p.HK, len);
+  load_token_rows_bf16(qs, p.qn + row * kD, p.HK, len);
   __syncthreads();
-  if (tid == 0) {  // G_i = sum_{j <= i} g_j, padded rows keep G_{len-1}
-    float running = 0;
-    for (int i = 0; i < kC; ++i) G[i] = running += G[i];
-  }
+  chunk_cumsum(G);
   __syncthreads();
-  if (tid < kC) p.G[s * kC + tid] = G[tid];
-
-  load_token_rows(vb, static_cast<const In*>(p.v) + v_row(p, b, t0, hv) * kD, p.HV, len, beta);
-  for (int idx = tid; idx < kC * kD; idx += kThreads) {
-    const int i = idx / kD, j = idx % kD;
-    kb[i * kLdH + j] = from_float<bf16>(beta[i] * __expf(G[i]) * to_float(ks[i * kLdH + j]));
-  }
-  __syncthreads();
-  block_gemm<kC, kC, kD, Row, Col>(ks, kLdH, ks, kLdH, kk, kLdF64);  // K K^T
-  __syncthreads();
-  for (int idx = tid; idx < kC * kC; idx += kThreads) {
-    const int i = idx / kC, j = idx % kC;  // mask before exp: G_i - G_j > 0 above the diagonal
-    kk[i * kLdF64 + j] = j < i ? beta[i] * kk[i * kLdF64 + j] * __expf(G[i] - G[j]) : 0.0f;
-    af[i * kLdF64 + j] = 0.0f;
-  }
-  __syncthreads();
-  // A = (I + L)^-1 by forward substitution, one column per thread, in f32:
-  //   A_ic = delta_ic - sum_{c <= j < i} L_ij A_jc.
-  // The same trip counts in every lane (A_jc = 0 for j < c): L_ij is a broadcast read.
   if (tid < kC) {
-    const int c = tid;
-    af[c * kLdF64 + c] = 1.0f;
-    for (int i = 1; i < kC; ++i) {
-      float sum = 0;
-      for (int j = 0; j < i; ++j) sum += kk[i * kLdF64 + j] * af[j * kLdF64 + c];
-      if (i > c) af[i * kLdF64 + c] = -sum;
+    p.G[s * kC + tid] = G[tid];
+    p.bt[s * kC + tid] = beta[tid];
+  }
+
+  // K K^T and Q K^T for rows 16 warp .. 16 warp + 15.
+  Acc kk[8] = {}, qk[8] = {};
+#pragma unroll
+  for (int kp = 0; kp < 4; ++kp) {
+    std::uint32_t ak[2][4], aq[2][4];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      ldmatrix_x4(ak[j], a_rows_mk(ks, kLdH, 16 * warp, 32 * kp + 16 * j));
+      ldmatrix_x4(aq[j], a_rows_mk(qs, kLdH, 16 * warp, 32 * kp + 16 * j));
+    }
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      std::uint32_t bk[4];
+      ldmatrix_x4(bk, b_rows_nk(ks, kLdH, 8 * nt, 32 * kp));
+      mma(kk[nt], ak[0], bk[0], bk[1]);
+      mma(kk[nt], ak[1], bk[2], bk[3]);
+      mma(qk[nt], aq[0], bk[0], bk[1]);
+      mma(qk[nt], aq[1], bk[2], bk[3]);
     }
   }
+  __syncthreads();  // every warp is done with Q: its tile now takes P
+  bf16* pb = qs;
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = 16 * warp + lane / 4 + 8 * (e / 2), j = 8 * nt + 2 * (lane % 4) + e % 2;
+      const float decay = j <= i ? __expf(G[i] - G[j]) : 0.0f;  // mask before exp
+      L[i * kLdF64 + j] = j < i ? beta[i] * kk[nt][e] * decay : 0.0f;
+      pb[i * kLdH64 + j] = from_float<bf16>(p.scale * qk[nt][e] * decay);
+    }
   __syncthreads();
+  store_tile64(p.P + s * kC * kC, pb);
+  invert_unit_lower(L, Af, Y);
+  bf16* ab = ks;
   for (int idx = tid; idx < kC * kC; idx += kThreads) {
     const int i = idx / kC, j = idx % kC;
-    ab[i * kLdH64 + j] = from_float<bf16>(af[i * kLdF64 + j]);
-    if constexpr (kBackward) p.A[s * kC * kC + idx] = ab[i * kLdH64 + j];
+    ab[i * kLdH64 + j] = from_float<bf16>(j <= i ? Af[i * kLdF64 + j] : 0.0f);
   }
   __syncthreads();
-  block_gemm<kC, kD, kC, Row, Row>(ab, kLdH64, kb, kLdH, out, kLdF);  // W = A diag(beta e) K
-  __syncthreads();
-  store_rows_bf16(p.W + s * kC * kD, out, kLdF, kC);
-  __syncthreads();
-  block_gemm<kC, kD, kC, Row, Row>(ab, kLdH64, vb, kLdH, out, kLdF);  // U = A diag(beta) V
-  __syncthreads();
-  store_rows_bf16(p.U + s * kC * kD, out, kLdF, kC);
-
-  if constexpr (kBackward) {
-    bf16* qs = reinterpret_cast<bf16*>(smem + PrepSmem::qs);
-    bf16* dos = reinterpret_cast<bf16*>(smem + PrepSmem::dos);
-    bf16* pb = reinterpret_cast<bf16*>(smem + PrepSmem::pb);
-    load_token_rows_bf16(qs, p.qn + qk_row(p, b, t0, hk) * kD, p.HK, len);
-    load_token_rows(dos, static_cast<const In*>(p.d_o) + v_row(p, b, t0, hv) * kD, p.HV, len);
-    __syncthreads();
-    block_gemm<kC, kC, kD, Row, Col>(qs, kLdH, ks, kLdH, kk, kLdF64);  // Q K^T
-    __syncthreads();
-    for (int idx = tid; idx < kC * kC; idx += kThreads) {
-      const int i = idx / kC, j = idx % kC;
-      pb[i * kLdH64 + j] =
-          from_float<bf16>(j <= i ? kk[i * kLdF64 + j] * __expf(G[i] - G[j]) : 0.0f);
-    }
-    __syncthreads();
-    block_gemm<kC, kD, kC, Col, Row>(pb, kLdH64, dos, kLdH, out, kLdF);  // P^T dO
-    __syncthreads();
-    float* dvl = p.dv_local + s * kC * kD;
-    for (int idx = tid; idx < kC * kD; idx += kThreads)
-      dvl[idx] = p.scale * out[idx / kD * kLdF + idx % kD];
-  }
+  store_tile64(p.A + s * kC * kC, ab);
 }
 
 }  // namespace
 
-template <typename In, bool kBackward>
 void launch_chunk_prep(const Params& p, cudaStream_t stream) {
-  constexpr int bytes = kBackward ? PrepSmem::backward_bytes : PrepSmem::forward_bytes;
-  auto kernel = chunk_prep_kernel<In, kBackward>;
-  GDN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-  kernel<<<dim3(p.NC, p.HV), kThreads, bytes, stream>>>(p);
+  GDN_CUDA_CHECK(cudaFuncSetAttribute(
+      chunk_prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, PrepSmem::bytes));
+  chunk_prep_kernel<<<dim3(p.NC, p.HV), kThreads, PrepSmem::bytes, stream>>>(p);
   GDN_CUDA_CHECK_LAUNCH();
 }
-
-template void launch_chunk_prep<bf16, false>(const Params&, cudaStream_t);
-template void launch_chunk_prep<bf16, true>(const Params&, cudaStream_t);
-template void launch_chunk_prep<__half, false>(const Params&, cudaStream_t);
-template void launch_chunk_prep<__half, true>(const Params&, cudaStream_t);
 
 }  // namespace gdn::cuda

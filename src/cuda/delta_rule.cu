@@ -115,13 +115,12 @@ std::size_t plan(const DeltaRuleInputs& in, const DeltaRuleShape& s, std::int64_
   p.rq = c.take<float>(tokens * s.HK);
   p.rk = c.take<float>(tokens * s.HK);
   p.G = c.take<float>(slots * kC);
-  p.W = c.take<bf16>(slots * kC * kD);
-  p.U = c.take<bf16>(slots * kC * kD);
-  p.h = c.take<bf16>(slots * kD * kD);
-  p.vn = c.take<bf16>(slots * kC * kD);
+  p.bt = c.take<float>(slots * kC);
+  p.A = c.take<bf16>(slots * kC * kC);
+  p.P = c.take<bf16>(slots * kC * kC);
   if (backward) {
-    p.A = c.take<bf16>(slots * kC * kC);
-    p.dv_local = c.take<float>(slots * kC * kD);
+    p.h = c.take<bf16>(slots * kD * kD);
+    p.vn = c.take<bf16>(slots * kC * kD);
     p.dh = c.take<bf16>(slots * kD * kD);
     p.dvn = c.take<bf16>(slots * kC * kD);
     p.dq_hv = c.take<float>(tokens * s.HV * kD);
@@ -141,16 +140,15 @@ void check_workspace(const CudaContext& ctx, std::size_t needed) {
 template <typename In>
 void run_forward(const cuda::Params& p, cudaStream_t stream) {
   cuda::launch_setup<In>(p, stream);
-  cuda::launch_chunk_prep<In, false>(p, stream);
-  cuda::launch_state_forward(p, stream);
-  cuda::launch_output_forward<In>(p, stream);
+  cuda::launch_chunk_prep(p, stream);
+  cuda::launch_state_forward<In, true>(p, stream);
 }
 
 template <typename In>
 void run_backward(const cuda::Params& p, cudaStream_t stream) {
   cuda::launch_setup<In>(p, stream);
-  cuda::launch_chunk_prep<In, true>(p, stream);
-  cuda::launch_state_forward(p, stream);  // h, Vn again
+  cuda::launch_chunk_prep(p, stream);
+  cuda::launch_state_forward<In, false>(p, stream);  // h, Vn
   cuda::launch_state_backward<In>(p, stream);
   cuda::launch_grad_chunk<In>(p, stream);
   cuda::launch_grad_qk<In>(p, stream);

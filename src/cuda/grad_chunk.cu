@@ -1,5 +1,6 @@
 // The per-chunk gradients, parallel over (chunk, value head), from the recomputed S = h[c] and
-// Vn, and dS = dh[c], dVn from the reverse pass. The math is chunked_backward.cpp's (spec 3):
+// Vn, and dS = dh[c], dVn from the reverse pass (h and dh stored transposed). The math is
+// chunked_backward.cpp's (spec 3):
 //   dR = A^T dVn,  dV = diag(beta) dR,  D = [-dR; scale dO],
 //   [dKb; dQe] = D S^T,  [dL; dP] = D Vn^T,  dKf = Vn dS^T,
 //   Kb = diag(beta e) K, Qe = diag(e) Q, Kf = diag(f) K, P = (Q K^T) * decay,
@@ -19,8 +20,8 @@ constexpr int kWarps = kThreads / 32;
 struct GradSmem {
   static constexpr int qs = 0;                   // bf16 [64][136]  Q
   static constexpr int ks = qs + kC * kLdH * 2;  // bf16 [64][136]  K
-  static constexpr int ss = ks + kC * kLdH * 2;  // bf16 [128][136] S
-  static constexpr int r2 = ss + kD * kLdH * 2;  // bf16 [128][136] dS, then dVn, then D
+  static constexpr int ss = ks + kC * kLdH * 2;  // bf16 [128][136] S^T
+  static constexpr int r2 = ss + kD * kLdH * 2;  // bf16 [128][136] dS^T, then dVn, then D
   static constexpr int vs = r2 + kD * kLdH * 2;  // bf16 [64][136] Vn, then dpd, dl_sym [64][72]
   static constexpr int f = vs + 2 * kC * kLdH64 * 2 + 0;  // f32 scratch: [64][132] or [128][68]
   static constexpr int dk = f + 2 * kC * kLdF64 * 4;      // f32 [64][132]  dk
@@ -81,7 +82,7 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
   const float gamma = __expf(G[kC - 1]);
 
   // dKf = Vn dS^T;  sum(S * dS) for the gradient of gamma.
-  block_gemm<kC, kD, kD, Row, Col>(vs, kLdH, r2, kLdH, F, kLdF);
+  block_gemm<kC, kD, kD, Row, Row>(vs, kLdH, r2, kLdH, F, kLdF);
   {
     float part = 0;
     for (int idx = tid; idx < kD * kD; idx += kThreads)
@@ -173,8 +174,8 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
   // dk += dpd^T Q + dl_sym K;  [dKb; dQe] = D S^T.
   block_gemm<kC, kD, kC, Col, Row, true>(dpd, kLdH64, qs, kLdH, DK, kLdF);
   block_gemm<kC, kD, kC, Row, Row, true>(dls, kLdH64, ks, kLdH, DK, kLdF);
-  block_gemm<kC, kD, kD, Row, Col>(r2, kLdH, ss, kLdH, F, kLdF);
-  block_gemm<kC, kD, kD, Row, Col>(r2 + kC * kLdH, kLdH, ss, kLdH, X, kLdF);
+  block_gemm<kC, kD, kD, Row, Row>(r2, kLdH, ss, kLdH, F, kLdF);
+  block_gemm<kC, kD, kD, Row, Row>(r2 + kC * kLdH, kLdH, ss, kLdH, X, kLdF);
   __syncthreads();
   for (int i = warp; i < kC; i += kWarps) {
     float acc_k = 0, acc_q = 0;

@@ -47,11 +47,11 @@ struct Params {
   float* rq;          // [B, T, HK]     rsqrt(sum q^2 + 1e-6) (1 without l2norm)
   float* rk;          // [B, T, HK]
   float* G;           // [NC, HV, 64]   chunk-local cumsum of g (padded rows: the last value)
-  bf16* W;            // [NC, HV, 64, K]  A diag(beta e) K
-  bf16* U;            // [NC, HV, 64, V]  A diag(beta) V
-  bf16* A;            // [NC, HV, 64, 64] (I + L)^-1 (backward only)
-  bf16* h;            // [NC, HV, K, V]   state entering each chunk
-  bf16* vn;           // [NC, HV, 64, V]  Vn = U - W S
+  float* bt;          // [NC, HV, 64]   beta as f32 (padded rows: 0)
+  bf16* A;            // [NC, HV, 64, 64] (I + L)^-1
+  bf16* P;            // [NC, HV, 64, 64] scale (Q K^T) * exp(G_i - G_j), i >= j
+  bf16* h;            // [NC, HV, V, K]   state entering each chunk, transposed (backward only)
+  bf16* vn;           // [NC, HV, 64, V]  Vn = A diag(beta) (V - diag(e) K S)   (backward only)
 
   // Forward outputs.
   void* o;    // [B, T, HV, V]  In, optional (the backward's recompute skips it)
@@ -60,8 +60,7 @@ struct Params {
   // Backward.
   const void* d_o;   // [B, T, HV, V]  In
   const float* dht;  // [N, HV, K, V]  optional
-  float* dv_local;   // [NC, HV, 64, V]  scale P^T dO
-  bf16* dh;          // [NC, HV, K, V]   gradient of the state leaving each chunk
+  bf16* dh;          // [NC, HV, V, K]   gradient of the state leaving each chunk, transposed
   bf16* dvn;         // [NC, HV, 64, V]  dVn
   float* dq_hv;      // [B, T, HV, K]  per value head, before the group sum and the l2norm
   float* dk_hv;      // [B, T, HV, K]

@@ -1,140 +1,129 @@
-// The reverse chunk-serial pass for the state gradient, one block per (32-column slice of V,
-// value head, sequence). With dS the gradient of the state leaving the chunk (spec 3, by hand):
-//   dh[c] = dS,  dVn = dv_local + diag(exp(G_C - G)) K dS,
-//   dS_in = exp(G_C) dS + [diag(exp(G)) Q; -W]^T [scale dO; dVn]      (Vn = U - W S).
+// The reverse chunk-serial pass for the state gradient, the gradient dS of the state leaving the
+// chunk held transposed in registers (state_pass.cuh). Per chunk (spec 3, by hand; W = A diag(beta
+// e) K, P from chunk_prep with scale folded in):
+//   dh[c] = dS,  dVn = P^T dO + diag(f) K dS,
+//   dS_in = gamma dS + Q^T diag(scale e) dO - W^T dVn,
+// computed transposed: dVn^T = dO^T P + dS^T K^T diag(f), W^T-term = ((dVn^T A) diag(beta e)) K.
 #include "cuda/check.h"
 #include "cuda/kernels.h"
+#include "cuda/state_pass.cuh"
 
 namespace gdn::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kBV = 32;
-constexpr int kLdS = 36;
-constexpr int kLdSb = 40;
-
-struct BackSmem {
-  static constexpr int k = 0;                           // bf16 [2][64][136]  K
-  static constexpr int x = k + 2 * kC * kLdH * 2;       // bf16 [2][128][136] [Q; W]
-  static constexpr int d_o = x + 2 * kD * kLdH * 2;     // In [2][64][40]     dO slice
-  static constexpr int dvl = d_o + 2 * kC * kLdSb * 2;  // f32 [2][64][32]    dv_local slice
-  static constexpr int g = dvl + 2 * kC * kBV * 4;      // f32 [2][64]
-  static constexpr int y = g + 2 * kC * 4;              // bf16 [128][40]     [scale dO; dVn]
-  static constexpr int ds = y + kD * kLdSb * 2;         // f32 [128][36]
-  static constexpr int dsb = ds + kD * kLdS * 4;        // bf16 [128][40]
-  static constexpr int f = dsb + kD * kLdSb * 2;        // f32 [64][36]
-  static constexpr int bytes = f + kC * kLdS * 4;
-};
+using namespace state_pass;
 
 template <typename In>
-__global__ void __launch_bounds__(kThreads) state_backward_kernel(Params p) {
-  const int v0 = blockIdx.x * kBV, hv = blockIdx.y, n = blockIdx.z, tid = threadIdx.x;
-  const int hk = hv / (p.HV / p.HK), first = p.chunk_begin[n];
-  const int chunks = p.chunk_begin[n + 1] - first;
+__global__ void __launch_bounds__(kThreads, 1) state_backward_kernel(Params p) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int v0 = blockIdx.x * kBV, hv = blockIdx.y, n = blockIdx.z, vw = v0 + 16 * warp;
+  const int first = p.chunk_begin[n], chunks = p.chunk_begin[n + 1] - first;
+  const int c = 2 * (lane % 4);
   extern __shared__ __align__(128) unsigned char smem[];
-  bf16* k_buf = reinterpret_cast<bf16*>(smem + BackSmem::k);
-  bf16* x_buf = reinterpret_cast<bf16*>(smem + BackSmem::x);
-  In* do_buf = reinterpret_cast<In*>(smem + BackSmem::d_o);
-  float* dvl_buf = reinterpret_cast<float*>(smem + BackSmem::dvl);
-  float* g_buf = reinterpret_cast<float*>(smem + BackSmem::g);
-  bf16* y = reinterpret_cast<bf16*>(smem + BackSmem::y);
-  float* dS = reinterpret_cast<float*>(smem + BackSmem::ds);
-  bf16* dSb = reinterpret_cast<bf16*>(smem + BackSmem::dsb);
-  float* F = reinterpret_cast<float*>(smem + BackSmem::f);
-
-  auto prefetch = [&](int i, int buf) {
-    const int cid = first + i;
-    const ChunkInfo info = p.chunks[cid];
-    const long long s = slot(p, cid, hv);
-    const bf16* k = p.kn + qk_row(p, info.b, info.t0, hk) * kD;
-    const bf16* q = p.qn + qk_row(p, info.b, info.t0, hk) * kD;
-    const bf16* w = p.W + s * kC * kD;
-    for (int idx = tid; idx < kC * 16; idx += kThreads) {
-      const int r = idx / 16, part = idx % 16;
-      const bool valid = r < info.len;
-      const long long off = static_cast<long long>(r) * p.HK * kD + part * 8;
-      cp_async16(k_buf + (buf * kC + r) * kLdH + part * 8, valid ? k + off : p.kn, valid);
-      cp_async16(x_buf + (buf * kD + r) * kLdH + part * 8, valid ? q + off : p.qn, valid);
-      cp_async16(x_buf + (buf * kD + kC + r) * kLdH + part * 8, w + r * kD + part * 8, true);
-    }
-    const In* d_o = static_cast<const In*>(p.d_o) + v_row(p, info.b, info.t0, hv) * kD + v0;
-    for (int idx = tid; idx < kC * 4; idx += kThreads) {
-      const int r = idx / 4, part = idx % 4;
-      const bool valid = r < info.len;
-      cp_async16(do_buf + (buf * kC + r) * kLdSb + part * 8,
-                 valid ? d_o + static_cast<long long>(r) * p.HV * kD + part * 8 : p.d_o, valid);
-    }
-    for (int idx = tid; idx < kC * 8; idx += kThreads) {
-      const int r = idx / 8, part = idx % 8;
-      cp_async16(dvl_buf + (buf * kC + r) * kBV + part * 4,
-                 p.dv_local + s * kC * kD + r * kD + v0 + part * 4, true);
-    }
-    if (tid < 16) cp_async16(g_buf + buf * kC + tid * 4, p.G + s * kC + tid * 4, true);
+  bf16* staging = reinterpret_cast<bf16*>(smem + Stage::staging) + warp * kC * kLdO;
+  auto prefetch_step = [&](int step) {  // step 0 is the last chunk
+    if (step < chunks)
+      prefetch(p, smem, step % kStages, first + chunks - 1 - step, hv, v0, true, true, p.d_o);
     cp_async_commit();
   };
 
-  for (int idx = tid; idx < kD * kBV; idx += kThreads) {
-    const int r = idx / kBV, j = idx % kBV;
-    const float x =
-        p.dht ? p.dht[(static_cast<long long>(n) * p.HV + hv) * kD * kD + r * kD + v0 + j] : 0.0f;
-    dS[r * kLdS + j] = x;
-    dSb[r * kLdSb + j] = from_float<bf16>(x);
-  }
-  if (chunks > 0) prefetch(chunks - 1, 0);
-  for (int i = chunks - 1, step = 0; i >= 0; --i, ++step) {
-    const int buf = step & 1, cid = first + i;
-    const long long s = slot(p, cid, hv);
-    if (i > 0)
-      prefetch(i - 1, buf ^ 1);
-    else
-      cp_async_commit();
-    cp_async_wait<1>();
+  Acc dS[16];
+  load_state(dS, p.dht ? p.dht + (static_cast<long long>(n) * p.HV + hv) * kD * kD : nullptr, vw);
+  for (int step = 0; step < kStages - 1; ++step) prefetch_step(step);
+  for (int step = 0; step < chunks; ++step) {
+    prefetch_step(step + kStages - 1);
+    cp_async_wait<kStages - 1>();
     __syncthreads();
-    bf16* dh = p.dh + s * kD * kD;
-    for (int idx = tid; idx < kD * kBV; idx += kThreads) {
-      const int r = idx / kBV, j = idx % kBV;
-      dh[r * kD + v0 + j] = dSb[r * kLdSb + j];
+    const Tiles t = tiles(smem, step % kStages);
+    const long long s = slot(p, first + chunks - 1 - step, hv);
+    const float g_last = t.g[kC - 1];
+
+    std::uint32_t da[8][4];
+    state_to_a(da, dS);
+    store_state_t(p.dh + s * kD * kD, vw, da);
+
+    // dVn^T = (dS^T K^T) diag(f) + dO^T P.
+    Acc dvn[8] = {};
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int kp = 0; kp < 4; ++kp) {
+        std::uint32_t b[4];
+        ldmatrix_x4(b, b_rows_nk(t.k, kLdH, 8 * nt, 32 * kp));
+        mma(dvn[nt], da[2 * kp], b[0], b[1]);
+        mma(dvn[nt], da[2 * kp + 1], b[2], b[3]);
+      }
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dvn[nt][e] *= __expf(g_last - t.g[8 * nt + c + e % 2]);
+    std::uint32_t oa[4][4], sa[4][4];  // dO^T, and dO^T diag(scale e)
+#pragma unroll
+    for (int kt = 0; kt < 4; ++kt) {
+      float2 d[4];
+      load_slice_t<In>(d, t.v, kt);
+      const int c0 = 16 * kt + c, c8 = c0 + 8;
+      const float e0 = p.scale * __expf(t.g[c0]), e1 = p.scale * __expf(t.g[c0 + 1]),
+                  e8 = p.scale * __expf(t.g[c8]), e9 = p.scale * __expf(t.g[c8 + 1]);
+      oa[kt][0] = pack_bf16(d[0].x, d[0].y);
+      oa[kt][1] = pack_bf16(d[1].x, d[1].y);
+      oa[kt][2] = pack_bf16(d[2].x, d[2].y);
+      oa[kt][3] = pack_bf16(d[3].x, d[3].y);
+      sa[kt][0] = pack_bf16(e0 * d[0].x, e1 * d[0].y);
+      sa[kt][1] = pack_bf16(e0 * d[1].x, e1 * d[1].y);
+      sa[kt][2] = pack_bf16(e8 * d[2].x, e9 * d[2].y);
+      sa[kt][3] = pack_bf16(e8 * d[3].x, e9 * d[3].y);
     }
-    const bf16* k = k_buf + buf * kC * kLdH;
-    bf16* x = x_buf + buf * kD * kLdH;
-    const In* d_o = do_buf + buf * kC * kLdSb;
-    const float* dvl = dvl_buf + buf * kC * kBV;
-    const float* G = g_buf + buf * kC;
-    const float g_last = G[kC - 1], gamma = __expf(g_last);
-    block_gemm<kC, kBV, kD, Row, Row>(k, kLdH, dSb, kLdSb, F, kLdS);  // K dS
-    for (int idx = tid; idx < kC * kD; idx += kThreads) {             // [diag(e) Q; -W]
-      const int r = idx / kD, j = idx % kD;
-      x[r * kLdH + j] = from_float<bf16>(to_float(x[r * kLdH + j]) * __expf(G[r]));
-      x[(kC + r) * kLdH + j] = __hneg(x[(kC + r) * kLdH + j]);
-    }
-    for (int idx = tid; idx < kC * kBV; idx += kThreads) {
-      const int r = idx / kBV, j = idx % kBV;
-      y[r * kLdSb + j] = from_float<bf16>(p.scale * to_float(d_o[r * kLdSb + j]));
-    }
-    __syncthreads();
-    bf16* dvn = p.dvn + s * kC * kD;
-    for (int idx = tid; idx < kC * kBV; idx += kThreads) {
-      const int r = idx / kBV, j = idx % kBV;
-      const float x_ = dvl[r * kBV + j] + __expf(g_last - G[r]) * F[r * kLdS + j];  // dVn
-      y[(kC + r) * kLdSb + j] = from_float<bf16>(x_);
-      dvn[r * kD + v0 + j] = y[(kC + r) * kLdSb + j];
-    }
-    for (int idx = tid; idx < kD * kBV; idx += kThreads) dS[idx / kBV * kLdS + idx % kBV] *= gamma;
-    __syncthreads();
-    block_gemm<kD, kBV, kD, Col, Row, true>(x, kLdH, y, kLdSb, dS, kLdS);
-    __syncthreads();
-    for (int idx = tid; idx < kD * kBV; idx += kThreads) {
-      const int r = idx / kBV, j = idx % kBV;
-      dSb[r * kLdSb + j] = from_float<bf16>(dS[r * kLdS + j]);
-    }
+#pragma unroll
+    for (int kt = 0; kt < 4; ++kt)
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        std::uint32_t b[4];
+        ldmatrix_x4_trans(b, b_rows_kn(t.pm, kLdH64, 16 * kt, 16 * np));
+        mma(dvn[2 * np], oa[kt], b[0], b[1]);
+        mma(dvn[2 * np + 1], oa[kt], b[2], b[3]);
+      }
+    store_tokens<bf16>(dvn, staging, p.dvn + s * kC * kD + vw, kD, kC);
+
+    // Y = dVn^T A, then dS^T = gamma dS^T + (dO^T diag(scale e)) Q - (Y diag(beta e)) K.
+    std::uint32_t na[4][4];
+#pragma unroll
+    for (int kt = 0; kt < 4; ++kt) acc_to_a(na[kt], dvn, kt, [](int) { return 1.0f; });
+    Acc y[8] = {};
+#pragma unroll
+    for (int kt = 0; kt < 4; ++kt)
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        std::uint32_t b[4];
+        ldmatrix_x4_trans(b, b_rows_kn(t.a, kLdH64, 16 * kt, 16 * np));
+        mma(y[2 * np], na[kt], b[0], b[1]);
+        mma(y[2 * np + 1], na[kt], b[2], b[3]);
+      }
+    std::uint32_t ya[4][4];
+#pragma unroll
+    for (int kt = 0; kt < 4; ++kt)
+      acc_to_a(ya[kt], y, kt, [&](int j) { return -t.beta[j] * __expf(t.g[j]); });
+    const float gamma = __expf(g_last);
+#pragma unroll
+    for (int nt = 0; nt < 16; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dS[nt][e] *= gamma;
+#pragma unroll
+    for (int kt = 0; kt < 4; ++kt)
+#pragma unroll
+      for (int np = 0; np < 8; ++np) {
+        std::uint32_t b[4];
+        ldmatrix_x4_trans(b, b_rows_kn(t.q, kLdH, 16 * kt, 16 * np));
+        mma(dS[2 * np], sa[kt], b[0], b[1]);
+        mma(dS[2 * np + 1], sa[kt], b[2], b[3]);
+        ldmatrix_x4_trans(b, b_rows_kn(t.k, kLdH, 16 * kt, 16 * np));
+        mma(dS[2 * np], ya[kt], b[0], b[1]);
+        mma(dS[2 * np + 1], ya[kt], b[2], b[3]);
+      }
     __syncthreads();
   }
   cp_async_wait<0>();
-  if (p.dh0)
-    for (int idx = tid; idx < kD * kBV; idx += kThreads) {
-      const int r = idx / kBV, j = idx % kBV;
-      p.dh0[(static_cast<long long>(n) * p.HV + hv) * kD * kD + r * kD + v0 + j] = dS[r * kLdS + j];
-    }
+  if (p.dh0) store_state(p.dh0 + (static_cast<long long>(n) * p.HV + hv) * kD * kD, vw, dS);
 }
 
 }  // namespace
@@ -143,8 +132,8 @@ template <typename In>
 void launch_state_backward(const Params& p, cudaStream_t stream) {
   auto kernel = state_backward_kernel<In>;
   GDN_CUDA_CHECK(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, BackSmem::bytes));
-  kernel<<<dim3(kD / kBV, p.HV, p.N), kThreads, BackSmem::bytes, stream>>>(p);
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Stage::smem_bytes));
+  kernel<<<dim3(kD / kBV, p.HV, p.N), kThreads, Stage::smem_bytes, stream>>>(p);
   GDN_CUDA_CHECK_LAUNCH();
 }
 

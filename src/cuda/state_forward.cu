@@ -1,127 +1,157 @@
-// The chunk-serial state pass (spec 3), one block per (32-column slice of V, value head, sequence),
-// the slice of S in f32 shared memory, the next chunk's W, K, U, G prefetched with cp.async:
-//   h[c] = S,  Vn = U - W S,  S' = exp(G_C) S + K^T (diag(exp(G_C - G)) Vn).
-// W S and K^T Vn take bf16 operands (S rounded to bf16 as an operand only; S stays f32).
+// The chunk-serial forward (spec 3) with the state in registers (state_pass.cuh), per chunk:
+//   Vn = A diag(beta) (V - diag(e) K S),     e = exp(G), f = exp(G_C - G), gamma = exp(G_C),
+//   O  = diag(scale e) Q S + P Vn,          (P from chunk_prep, scale folded in)
+//   S' = gamma S + K^T diag(f) Vn,
+// each computed transposed (S^T is what a warp holds): (K S)^T = S^T K^T, Vn^T = X^T A^T, ...
+// With kOutput it writes o; without it (the backward's recompute) it writes h = S^T and Vn.
 #include "cuda/check.h"
 #include "cuda/kernels.h"
+#include "cuda/state_pass.cuh"
 
 namespace gdn::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kBV = 32;    // V slice
-constexpr int kLdS = 36;   // f32 row stride of a 32-wide slice
-constexpr int kLdSb = 40;  // bf16 row stride of a 32-wide slice
+using namespace state_pass;
 
-struct StateSmem {
-  static constexpr int w = 0;                       // bf16 [2][64][136]
-  static constexpr int k = w + 2 * kC * kLdH * 2;   // bf16 [2][64][136]
-  static constexpr int u = k + 2 * kC * kLdH * 2;   // bf16 [2][64][40]
-  static constexpr int g = u + 2 * kC * kLdSb * 2;  // f32 [2][64]
-  static constexpr int s = g + 2 * kC * 4;          // f32 [128][36]  S slice
-  static constexpr int sb = s + kD * kLdS * 4;      // bf16 [128][40]
-  static constexpr int vf = sb + kD * kLdSb * 2;    // f32 [64][36]
-  static constexpr int vb = vf + kC * kLdS * 4;     // bf16 [64][40]
-  static constexpr int bytes = vb + kC * kLdSb * 2;
-};
-
-__global__ void __launch_bounds__(kThreads) state_forward_kernel(Params p) {
-  const int v0 = blockIdx.x * kBV, hv = blockIdx.y, n = blockIdx.z, tid = threadIdx.x;
-  const int hk = hv / (p.HV / p.HK), first = p.chunk_begin[n];
-  const int chunks = p.chunk_begin[n + 1] - first;
+template <typename In, bool kOutput>
+__global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int v0 = blockIdx.x * kBV, hv = blockIdx.y, n = blockIdx.z, vw = v0 + 16 * warp;
+  const int first = p.chunk_begin[n], chunks = p.chunk_begin[n + 1] - first;
+  const int c = 2 * (lane % 4);  // this lane's first column within an 8-column tile
   extern __shared__ __align__(128) unsigned char smem[];
-  bf16* w_buf = reinterpret_cast<bf16*>(smem + StateSmem::w);
-  bf16* k_buf = reinterpret_cast<bf16*>(smem + StateSmem::k);
-  bf16* u_buf = reinterpret_cast<bf16*>(smem + StateSmem::u);
-  float* g_buf = reinterpret_cast<float*>(smem + StateSmem::g);
-  float* S = reinterpret_cast<float*>(smem + StateSmem::s);
-  bf16* Sb = reinterpret_cast<bf16*>(smem + StateSmem::sb);
-  float* vf = reinterpret_cast<float*>(smem + StateSmem::vf);
-  bf16* vb = reinterpret_cast<bf16*>(smem + StateSmem::vb);
-
-  auto prefetch = [&](int i, int buf) {
-    const int cid = first + i;
-    const ChunkInfo info = p.chunks[cid];
-    const long long s = slot(p, cid, hv);
-    const bf16* w = p.W + s * kC * kD;
-    const bf16* k = p.kn + qk_row(p, info.b, info.t0, hk) * kD;
-    for (int idx = tid; idx < kC * 16; idx += kThreads) {
-      const int r = idx / 16, part = idx % 16;
-      cp_async16(w_buf + (buf * kC + r) * kLdH + part * 8, w + r * kD + part * 8, true);
-      const bool valid = r < info.len;
-      cp_async16(k_buf + (buf * kC + r) * kLdH + part * 8,
-                 valid ? k + static_cast<long long>(r) * p.HK * kD + part * 8 : p.kn, valid);
-    }
-    for (int idx = tid; idx < kC * 4; idx += kThreads) {
-      const int r = idx / 4, part = idx % 4;
-      cp_async16(u_buf + (buf * kC + r) * kLdSb + part * 8,
-                 p.U + s * kC * kD + r * kD + v0 + part * 8, true);
-    }
-    if (tid < 16) cp_async16(g_buf + buf * kC + tid * 4, p.G + s * kC + tid * 4, true);
+  bf16* staging = reinterpret_cast<bf16*>(smem + Stage::staging) + warp * kC * kLdO;
+  auto prefetch_chunk = [&](int i) {
+    if (i < chunks) prefetch(p, smem, i % kStages, first + i, hv, v0, kOutput, kOutput, p.v);
     cp_async_commit();
   };
 
-  for (int idx = tid; idx < kD * kBV; idx += kThreads) {
-    const int r = idx / kBV, j = idx % kBV;
-    const float x =
-        p.h0 ? p.h0[(static_cast<long long>(n) * p.HV + hv) * kD * kD + r * kD + v0 + j] : 0.0f;
-    S[r * kLdS + j] = x;
-    Sb[r * kLdSb + j] = from_float<bf16>(x);
-  }
-  if (chunks > 0) prefetch(0, 0);
+  Acc S[16];
+  load_state(S, p.h0 ? p.h0 + (static_cast<long long>(n) * p.HV + hv) * kD * kD : nullptr, vw);
+  for (int i = 0; i < kStages - 1; ++i) prefetch_chunk(i);
   for (int i = 0; i < chunks; ++i) {
-    const int buf = i & 1, cid = first + i;
+    prefetch_chunk(i + kStages - 1);
+    cp_async_wait<kStages - 1>();
+    __syncthreads();
+    const Tiles t = tiles(smem, i % kStages);
+    const int cid = first + i;
     const long long s = slot(p, cid, hv);
-    if (i + 1 < chunks)
-      prefetch(i + 1, buf ^ 1);
-    else
-      cp_async_commit();
-    cp_async_wait<1>();
-    __syncthreads();
-    bf16* h = p.h + s * kD * kD;
-    for (int idx = tid; idx < kD * kBV; idx += kThreads) {
-      const int r = idx / kBV, j = idx % kBV;
-      h[r * kD + v0 + j] = Sb[r * kLdSb + j];
+    const float g_last = t.g[kC - 1];
+
+    std::uint32_t sa[8][4];
+    state_to_a(sa, S);
+    if constexpr (!kOutput) store_state_t(p.h + s * kD * kD, vw, sa);
+
+    // (K S)^T and (Q S)^T: B = K^T, Q^T from their row-major tiles.
+    Acc ks[8] = {}, qs[8] = {};
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int kp = 0; kp < 4; ++kp) {
+        std::uint32_t b[4];
+        ldmatrix_x4(b, b_rows_nk(t.k, kLdH, 8 * nt, 32 * kp));
+        mma(ks[nt], sa[2 * kp], b[0], b[1]);
+        mma(ks[nt], sa[2 * kp + 1], b[2], b[3]);
+        if constexpr (kOutput) {
+          ldmatrix_x4(b, b_rows_nk(t.q, kLdH, 8 * nt, 32 * kp));
+          mma(qs[nt], sa[2 * kp], b[0], b[1]);
+          mma(qs[nt], sa[2 * kp + 1], b[2], b[3]);
+        }
+      }
+
+    // X^T diag(beta) = (V^T - (K S)^T diag(e)) diag(beta), as A fragments.
+    std::uint32_t xa[4][4];
+#pragma unroll
+    for (int kt = 0; kt < 4; ++kt) {
+      float2 v[4];
+      load_slice_t<In>(v, t.v, kt);
+      const int c0 = 16 * kt + c, c8 = c0 + 8;
+      const float e0 = __expf(t.g[c0]), e1 = __expf(t.g[c0 + 1]), e8 = __expf(t.g[c8]),
+                  e9 = __expf(t.g[c8 + 1]);
+      const float b0 = t.beta[c0], b1 = t.beta[c0 + 1], b8 = t.beta[c8], b9 = t.beta[c8 + 1];
+      const float* lo = ks[2 * kt];
+      const float* hi = ks[2 * kt + 1];
+      xa[kt][0] = pack_bf16(b0 * (v[0].x - e0 * lo[0]), b1 * (v[0].y - e1 * lo[1]));
+      xa[kt][1] = pack_bf16(b0 * (v[1].x - e0 * lo[2]), b1 * (v[1].y - e1 * lo[3]));
+      xa[kt][2] = pack_bf16(b8 * (v[2].x - e8 * hi[0]), b9 * (v[2].y - e9 * hi[1]));
+      xa[kt][3] = pack_bf16(b8 * (v[3].x - e8 * hi[2]), b9 * (v[3].y - e9 * hi[3]));
     }
-    const bf16* w = w_buf + buf * kC * kLdH;
-    const bf16* k = k_buf + buf * kC * kLdH;
-    const bf16* u = u_buf + buf * kC * kLdSb;
-    const float* G = g_buf + buf * kC;
-    block_gemm<kC, kBV, kD, Row, Row>(w, kLdH, Sb, kLdSb, vf, kLdS);  // W S
-    __syncthreads();
-    const float g_last = G[kC - 1], gamma = __expf(g_last);
-    bf16* vn = p.vn + s * kC * kD;
-    for (int idx = tid; idx < kC * kBV; idx += kThreads) {
-      const int r = idx / kBV, j = idx % kBV;
-      const float x = to_float(u[r * kLdSb + j]) - vf[r * kLdS + j];  // Vn = U - W S
-      vn[r * kD + v0 + j] = from_float<bf16>(x);
-      vb[r * kLdSb + j] = from_float<bf16>(x * __expf(g_last - G[r]));
+
+    // Vn^T = X^T diag(beta) A^T.
+    Acc vn[8] = {};
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int kp = 0; kp < 2; ++kp) {
+        std::uint32_t b[4];
+        ldmatrix_x4(b, b_rows_nk(t.a, kLdH64, 8 * nt, 32 * kp));
+        mma(vn[nt], xa[2 * kp], b[0], b[1]);
+        mma(vn[nt], xa[2 * kp + 1], b[2], b[3]);
+      }
+
+    const ChunkInfo info = p.chunks[cid];
+    if constexpr (kOutput) {  // O^T = (Q S)^T diag(scale e) + Vn^T P^T
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) qs[nt][e] *= p.scale * __expf(t.g[8 * nt + c + e % 2]);
+      std::uint32_t va[4][4];
+#pragma unroll
+      for (int kt = 0; kt < 4; ++kt) acc_to_a(va[kt], vn, kt, [](int) { return 1.0f; });
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int kp = 0; kp < 2; ++kp) {
+          std::uint32_t b[4];
+          ldmatrix_x4(b, b_rows_nk(t.pm, kLdH64, 8 * nt, 32 * kp));
+          mma(qs[nt], va[2 * kp], b[0], b[1]);
+          mma(qs[nt], va[2 * kp + 1], b[2], b[3]);
+        }
+      In* o = static_cast<In*>(p.o) + v_row(p, info.b, info.t0, hv) * kD + vw;
+      store_tokens<In>(qs, staging, o, static_cast<long long>(p.HV) * kD, info.len);
+    } else {
+      store_tokens<bf16>(vn, staging, p.vn + s * kC * kD + vw, kD, kC);
     }
-    for (int idx = tid; idx < kD * kBV; idx += kThreads) S[idx / kBV * kLdS + idx % kBV] *= gamma;
-    __syncthreads();
-    block_gemm<kD, kBV, kC, Col, Row, true>(k, kLdH, vb, kLdSb, S, kLdS);  // S += K^T (f Vn)
-    __syncthreads();
-    for (int idx = tid; idx < kD * kBV; idx += kThreads) {
-      const int r = idx / kBV, j = idx % kBV;
-      Sb[r * kLdSb + j] = from_float<bf16>(S[r * kLdS + j]);
-    }
+
+    // S^T = gamma S^T + (Vn^T diag(f)) K.
+    std::uint32_t fa[4][4];
+#pragma unroll
+    for (int kt = 0; kt < 4; ++kt)
+      acc_to_a(fa[kt], vn, kt, [&](int j) { return __expf(g_last - t.g[j]); });
+    const float gamma = __expf(g_last);
+#pragma unroll
+    for (int nt = 0; nt < 16; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) S[nt][e] *= gamma;
+#pragma unroll
+    for (int kt = 0; kt < 4; ++kt)
+#pragma unroll
+      for (int np = 0; np < 8; ++np) {
+        std::uint32_t b[4];
+        ldmatrix_x4_trans(b, b_rows_kn(t.k, kLdH, 16 * kt, 16 * np));
+        mma(S[2 * np], fa[kt], b[0], b[1]);
+        mma(S[2 * np + 1], fa[kt], b[2], b[3]);
+      }
     __syncthreads();
   }
   cp_async_wait<0>();
-  if (p.ht)
-    for (int idx = tid; idx < kD * kBV; idx += kThreads) {
-      const int r = idx / kBV, j = idx % kBV;
-      p.ht[(static_cast<long long>(n) * p.HV + hv) * kD * kD + r * kD + v0 + j] = S[r * kLdS + j];
-    }
+  if (p.ht) store_state(p.ht + (static_cast<long long>(n) * p.HV + hv) * kD * kD, vw, S);
 }
 
 }  // namespace
 
+template <typename In, bool kOutput>
 void launch_state_forward(const Params& p, cudaStream_t stream) {
-  GDN_CUDA_CHECK(cudaFuncSetAttribute(
-      state_forward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, StateSmem::bytes));
-  state_forward_kernel<<<dim3(kD / kBV, p.HV, p.N), kThreads, StateSmem::bytes, stream>>>(p);
+  auto kernel = state_forward_kernel<In, kOutput>;
+  GDN_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Stage::smem_bytes));
+  kernel<<<dim3(kD / kBV, p.HV, p.N), kThreads, Stage::smem_bytes, stream>>>(p);
   GDN_CUDA_CHECK_LAUNCH();
 }
+
+template void launch_state_forward<bf16, true>(const Params&, cudaStream_t);
+template void launch_state_forward<bf16, false>(const Params&, cudaStream_t);
+template void launch_state_forward<__half, true>(const Params&, cudaStream_t);
+template void launch_state_forward<__half, false>(const Params&, cudaStream_t);
 
 }  // namespace gdn::cuda
