@@ -111,8 +111,10 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(Params p) {
     beta[tid] = tid < len ? load_scalar(p.beta, r, p.beta_code) : 0.0f;
   }
   const long long row = qk_row(p, b, t0, hk);
-  load_token_rows_bf16(ks, p.kn + row * kD, p.HK, len);
-  load_token_rows_bf16(qs, p.qn + row * kD, p.HK, len);
+  issue_rows<kD>(ks, kLdH, p.kn + row * kD, p.HK * kD, kC, len);
+  issue_rows<kD>(qs, kLdH, p.qn + row * kD, p.HK * kD, kC, len);
+  cp_async_commit();
+  cp_async_wait<0>();
   __syncthreads();
   chunk_cumsum(G);
   __syncthreads();

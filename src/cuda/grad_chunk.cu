@@ -7,212 +7,412 @@
 //   L = strictly_lower(diag(beta) K K^T * decay),
 // and every factor exp(G_a - G_b) gives t to dG_a and -t to dG_b (t = gradient * value);
 // dg is the reverse cumulative sum of dG. dq and dk are this value head's share.
+//
+// Warp w owns rows 16 (w % 4) .. + 15 of every product and half of its columns (w / 4): the
+// products are mma.sync on ldmatrix fragments, row sums reduce over the 4 lanes of a row and
+// go to shared dG, db with the column sums by shared atomics.
 #include "cuda/check.h"
 #include "cuda/kernels.h"
+#include "cuda/mma.cuh"
 #include "cuda/tile_io.cuh"
 
 namespace gdn::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / 32;
+constexpr int kWarps = 8;
+constexpr int kThreads = 32 * kWarps;
 
 struct GradSmem {
-  static constexpr int qs = 0;                   // bf16 [64][136]  Q
-  static constexpr int ks = qs + kC * kLdH * 2;  // bf16 [64][136]  K
-  static constexpr int ss = ks + kC * kLdH * 2;  // bf16 [128][136] S^T
-  static constexpr int r2 = ss + kD * kLdH * 2;  // bf16 [128][136] dS^T, then dVn, then D
-  static constexpr int vs = r2 + kD * kLdH * 2;  // bf16 [64][136] Vn, then dpd, dl_sym [64][72]
-  static constexpr int f = vs + 2 * kC * kLdH64 * 2 + 0;  // f32 scratch: [64][132] or [128][68]
-  static constexpr int dk = f + 2 * kC * kLdF64 * 4;      // f32 [64][132]  dk
-  static constexpr int x = dk + kC * kLdF * 4;  // A bf16 [64][72]; [QK; KK] f32; dq [64][132]
-  static constexpr int vec = x + 2 * kC * kLdF64 * 4;  // f32 G, beta, e, f, dG, db, kdkf [64]; sum
-  static constexpr int bytes = vec + (7 * kC + 32) * 4;
+  static constexpr int q = 0;                        // bf16 [64][136]  Q
+  static constexpr int k = q + kC * kLdH * 2;        // bf16 [64][136]  K
+  static constexpr int st = k + kC * kLdH * 2;       // bf16 [128][136] dS^T, then S^T
+  static constexpr int vn = st + kD * kLdH * 2;      // bf16 [64][136]  Vn, then F (f32 [64][68])
+  static constexpr int dvn = vn + kC * kLdH * 2;     // bf16 [64][136] dVn, then -dR
+  static constexpr int a = dvn + kC * kLdH * 2;      // bf16 [64][72]  A, then dP * decay
+  static constexpr int d_o = a + kC * kLdH64 * 2;    // bf16 [64][136] dO
+  static constexpr int dls = d_o + kC * kLdH * 2;    // bf16 [64][72]  F + F^T
+  static constexpr int vec = dls + kC * kLdH64 * 2;  // f32 G, beta, dG, db [64]; extra
+  static constexpr int bytes = vec + (4 * kC + 4) * 4;
 };
-static_assert(2 * kC * kLdH64 * 2 >= kC * kLdH * 2, "the Vn region holds Vn");
+static_assert(kC * kLdF64 * 4 <= kC * kLdH * 2, "F fits in the Vn tile");
+
+// Sums v over the 4 lanes that share a row.
+__device__ inline float row_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+// Sums v over the 8 lanes that share a column (the two rows of a lane are summed by the caller).
+__device__ inline float col_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 4);
+  v += __shfl_xor_sync(0xffffffffu, v, 8);
+  return v + __shfl_xor_sync(0xffffffffu, v, 16);
+}
+
+// out[r] += row sums (rows lo, lo + 8 of a 16-row block) of n accumulator tiles times w(col).
+template <int N, typename Weight>
+__device__ inline void add_row_sums(float* out, int row0, const Acc (&x)[N], Weight w,
+                                    float factor_lo, float factor_hi) {
+  float lo = 0, hi = 0;
+#pragma unroll
+  for (int nt = 0; nt < N; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) (e < 2 ? lo : hi) += x[nt][e] * w(nt, e);
+  lo = row_sum(lo);
+  hi = row_sum(hi);
+  if (threadIdx.x % 4 == 0) {
+    const int g = threadIdx.x % 32 / 4;
+    atomicAdd(out + row0 + g, factor_lo * lo);
+    atomicAdd(out + row0 + g + 8, factor_hi * hi);
+  }
+}
 
 template <typename In>
 __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
   const int cid = blockIdx.x, hv = blockIdx.y, tid = threadIdx.x;
-  const int warp = tid / 32, lane = tid % 32;
+  const int warp = tid / 32, lane = tid % 32, g = lane / 4, c = 2 * (lane % 4);
+  const int r0 = 16 * (warp % 4), half = warp / 4;  // rows r0.., columns of this half
   const ChunkInfo info = p.chunks[cid];
   if (info.len == 0) return;
-  const int hk = hv / (p.HV / p.HK), len = info.len, b = info.b, t0 = info.t0;
+  const int hk = hv / (p.HV / p.HK), len = info.len;
   const long long s = slot(p, cid, hv);
   extern __shared__ __align__(128) unsigned char smem[];
-  bf16* qs = reinterpret_cast<bf16*>(smem + GradSmem::qs);
-  bf16* ks = reinterpret_cast<bf16*>(smem + GradSmem::ks);
-  bf16* ss = reinterpret_cast<bf16*>(smem + GradSmem::ss);
-  bf16* r2 = reinterpret_cast<bf16*>(smem + GradSmem::r2);
-  bf16* vs = reinterpret_cast<bf16*>(smem + GradSmem::vs);
-  bf16* dpd = vs;                // [64][72], after Vn is done
-  bf16* dls = vs + kC * kLdH64;  // [64][72]
-  float* F = reinterpret_cast<float*>(smem + GradSmem::f);
-  float* DK = reinterpret_cast<float*>(smem + GradSmem::dk);
-  float* X = reinterpret_cast<float*>(smem + GradSmem::x);
-  bf16* ab = reinterpret_cast<bf16*>(smem + GradSmem::x);
+  bf16* qs = reinterpret_cast<bf16*>(smem + GradSmem::q);
+  bf16* ks = reinterpret_cast<bf16*>(smem + GradSmem::k);
+  bf16* st = reinterpret_cast<bf16*>(smem + GradSmem::st);
+  bf16* vn = reinterpret_cast<bf16*>(smem + GradSmem::vn);
+  float* F = reinterpret_cast<float*>(smem + GradSmem::vn);
+  bf16* dvn = reinterpret_cast<bf16*>(smem + GradSmem::dvn);
+  bf16* ab = reinterpret_cast<bf16*>(smem + GradSmem::a);
+  bf16* dpd = ab;
+  bf16* dos = reinterpret_cast<bf16*>(smem + GradSmem::d_o);
+  bf16* dls = reinterpret_cast<bf16*>(smem + GradSmem::dls);
   float* G = reinterpret_cast<float*>(smem + GradSmem::vec);
-  float *beta = G + kC, *e = beta + kC, *f = e + kC, *dG = f + kC, *db = dG + kC;
-  float *kdkf = db + kC, *sum = kdkf + kC;
+  float *beta = G + kC, *dG = beta + kC, *db = dG + kC, *extra = db + kC;
 
-  // Loads.
+  const long long row = qk_row(p, info.b, info.t0, hk), vrow = v_row(p, info.b, info.t0, hv);
+  const In* d_o = static_cast<const In*>(p.d_o) + vrow * kD;
+  issue_rows<kD>(qs, kLdH, p.qn + row * kD, p.HK * kD, kC, len);
+  issue_rows<kD>(ks, kLdH, p.kn + row * kD, p.HK * kD, kC, len);
+  issue_rows<kD>(st, kLdH, p.dh + s * kD * kD, kD, kD, kD);
+  issue_rows<kD>(vn, kLdH, p.vn + s * kC * kD, kD, kC, kC);
+  issue_rows<kD>(dvn, kLdH, p.dvn + s * kC * kD, kD, kC, kC);
+  issue_rows<kC>(ab, kLdH64, p.A + s * kC * kC, kC, kC, kC);
+  issue_rows<kD>(dos, kLdH, d_o, p.HV * kD, kC, len);
+  cp_async_commit();
   if (tid < kC) {
     G[tid] = p.G[s * kC + tid];
-    beta[tid] = tid < len ? load_scalar(p.beta, v_row(p, b, t0 + tid, hv), p.beta_code) : 0.0f;
+    beta[tid] = p.bt[s * kC + tid];
     dG[tid] = 0.0f;
     db[tid] = 0.0f;
   }
-  if (tid == 0) sum[0] = 0.0f;
-  const long long row = qk_row(p, b, t0, hk);
-  load_token_rows_bf16(qs, p.qn + row * kD, p.HK, len);
-  load_token_rows_bf16(ks, p.kn + row * kD, p.HK, len);
-  load_rows_bf16(ss, p.h + s * kD * kD, kD, kD);
-  load_rows_bf16(r2, p.dh + s * kD * kD, kD, kD);
-  load_rows_bf16(vs, p.vn + s * kC * kD, kC, kC);
-  for (int idx = tid; idx < kC * 8; idx += kThreads) {
-    const int r = idx / 8, part = idx % 8;
-    *reinterpret_cast<uint4*>(ab + r * kLdH64 + part * 8) =
-        *reinterpret_cast<const uint4*>(p.A + s * kC * kC + r * kC + part * 8);
-  }
+  if (tid == 0) extra[0] = 0.0f;
+  cp_async_wait<0>();
+  if constexpr (!std::is_same_v<In, bf16>)  // f16 dO to bf16, in place, by the copying thread
+    for (int idx = tid; idx < kC * 16; idx += kThreads) {
+      const int r = idx / 16, part = idx % 16;
+      In* raw = reinterpret_cast<In*>(dos + r * kLdH + part * 8);
+      for (int e = 0; e < 8; ++e) dos[r * kLdH + part * 8 + e] = from_float<bf16>(to_float(raw[e]));
+    }
   __syncthreads();
-  if (tid < kC) {
-    e[tid] = __expf(G[tid]);
-    f[tid] = __expf(G[kC - 1] - G[tid]);
-  }
-  const float gamma = __expf(G[kC - 1]);
+  const float g_last = G[kC - 1], gamma = __expf(g_last);
+  auto col = [&](int nt, int e) { return 8 * nt + c + e % 2; };  // column within the tile range
+  auto row_of = [&](int e) { return r0 + g + 8 * (e / 2); };
+  auto e_of = [&](int i) { return __expf(G[i]); };
+  auto pair = [](const bf16* base) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(base));
+  };
 
-  // dKf = Vn dS^T;  sum(S * dS) for the gradient of gamma.
-  block_gemm<kC, kD, kD, Row, Row>(vs, kLdH, r2, kLdH, F, kLdF);
+  // sum(S * dS) for the gradient of gamma: S^T from global, dS^T from shared memory.
   {
     float part = 0;
-    for (int idx = tid; idx < kD * kD; idx += kThreads)
-      part += to_float(ss[idx / kD * kLdH + idx % kD]) * to_float(r2[idx / kD * kLdH + idx % kD]);
+    const bf16* h = p.h + s * kD * kD;
+    for (int idx = tid; idx < kD * 16; idx += kThreads) {
+      const int r = idx / 16, piece = idx % 16;
+      const uint4 x = *reinterpret_cast<const uint4*>(h + r * kD + piece * 8);
+      const bf16* xs = reinterpret_cast<const bf16*>(&x);
+      for (int e = 0; e < 8; ++e) part += to_float(xs[e]) * to_float(st[r * kLdH + piece * 8 + e]);
+    }
     part = warp_sum(part);
-    if (lane == 0) atomicAdd(sum, part);
+    if (lane == 0) atomicAdd(extra, gamma * part);
   }
-  __syncthreads();
-  for (int i = warp; i < kC; i += kWarps) {  // k_dkf_i = f_i sum_j k_ij dKf_ij;  dk = f dKf
-    float acc = 0;
-    for (int j = lane; j < kD; j += 32) {
-      acc += to_float(ks[i * kLdH + j]) * F[i * kLdF + j];
-      DK[i * kLdF + j] = f[i] * F[i * kLdF + j];
-    }
-    acc = warp_sum(acc) * f[i];
-    if (lane == 0) {
-      kdkf[i] = acc;
-      dG[i] -= acc;
-    }
-  }
-  __syncthreads();
 
-  // dR = A^T dVn;  dV = diag(beta) dR;  D = [-dR; scale dO].
-  load_rows_bf16(r2, p.dvn + s * kC * kD, kC, kC);
-  __syncthreads();
-  block_gemm<kC, kD, kC, Col, Row>(ab, kLdH64, r2, kLdH, F, kLdF);
-  __syncthreads();
+  // dKf = Vn dS^T (columns of this half); dk = diag(f) dKf; dG_i -= f_i sum_j K_ij dKf_ij.
+  Acc dk[8] = {};
   {
-    const In* v = static_cast<const In*>(p.v) + v_row(p, b, t0, hv) * kD;
-    const In* d_o = static_cast<const In*>(p.d_o) + v_row(p, b, t0, hv) * kD;
-    In* dv = static_cast<In*>(p.dv) + v_row(p, b, t0, hv) * kD;
-    for (int i = warp; i < kC; i += kWarps) {
-      const long long off = static_cast<long long>(i) * p.HV * kD;
-      float acc = 0, vi[4] = {}, doi[4] = {};  // loads first: all in flight at once
-      if (i < len)
+    std::uint32_t a[8][4];
 #pragma unroll
-        for (int m = 0; m < 4; ++m) {
-          vi[m] = to_float(v[off + lane + 32 * m]);
-          doi[m] = to_float(d_o[off + lane + 32 * m]);
-        }
+    for (int kt = 0; kt < 8; ++kt) ldmatrix_x4(a[kt], a_rows_mk(vn, kLdH, r0, 16 * kt));
 #pragma unroll
-      for (int m = 0; m < 4; ++m) {
-        const int j = lane + 32 * m;
-        const float dr = F[i * kLdF + j];
-        acc += vi[m] * dr;
-        if (i < len) dv[off + j] = from_float<In>(beta[i] * dr);
-        r2[i * kLdH + j] = from_float<bf16>(-dr);
-        r2[(kC + i) * kLdH + j] = from_float<bf16>(p.scale * doi[m]);
+    for (int kt = 0; kt < 8; ++kt)
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        std::uint32_t b[4];
+        ldmatrix_x4_trans(b, b_rows_kn(st, kLdH, 16 * kt, 64 * half + 16 * np));
+        mma(dk[2 * np], a[kt], b[0], b[1]);
+        mma(dk[2 * np + 1], a[kt], b[2], b[3]);
       }
-      acc = warp_sum(acc);
-      if (lane == 0) db[i] += acc;
+    const int i_lo = r0 + g, i_hi = i_lo + 8;
+    const float f_lo = __expf(g_last - G[i_lo]), f_hi = __expf(g_last - G[i_hi]);
+    float lo = 0, hi = 0;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      const int j = 64 * half + 8 * nt + c;
+      const float2 k_lo = pair(ks + i_lo * kLdH + j), k_hi = pair(ks + i_hi * kLdH + j);
+      lo += k_lo.x * dk[nt][0] + k_lo.y * dk[nt][1];
+      hi += k_hi.x * dk[nt][2] + k_hi.y * dk[nt][3];
+      dk[nt][0] *= f_lo, dk[nt][1] *= f_lo, dk[nt][2] *= f_hi, dk[nt][3] *= f_hi;
+    }
+    lo = row_sum(lo) * f_lo;
+    hi = row_sum(hi) * f_hi;
+    if (lane % 4 == 0) {  // the f_i terms of exp(G_last) go to dG_{len-1} at the end
+      atomicAdd(dG + i_lo, -lo);
+      atomicAdd(dG + i_hi, -hi);
+      atomicAdd(extra, (i_lo < len ? lo : 0.0f) + (i_hi < len ? hi : 0.0f));
     }
   }
-  __syncthreads();
+  __syncthreads();  // dS^T is done: S^T takes its place while the next products run
+  issue_rows<kD>(st, kLdH, p.h + s * kD * kD, kD, kD, kD);
+  cp_async_commit();
 
-  // [dL; dP] = D Vn^T;  Q K^T, K K^T.
-  block_gemm<2 * kC, kC, kD, Row, Col>(r2, kLdH, vs, kLdH, F, kLdF64);
-  block_gemm<kC, kC, kD, Row, Col>(qs, kLdH, ks, kLdH, X, kLdF64);
-  block_gemm<kC, kC, kD, Row, Col>(ks, kLdH, ks, kLdH, X + kC * kLdF64, kLdF64);
-  __syncthreads();
-  for (int idx = tid; idx < kC * kC; idx += kThreads) {
-    const int i = idx / kC, j = idx % kC;
-    const float decay = j <= i ? __expf(G[i] - G[j]) : 0.0f;  // mask before exp
-    const float dP = F[(kC + i) * kLdF64 + j], P = X[i * kLdF64 + j] * decay;
-    dpd[i * kLdH64 + j] = from_float<bf16>(dP * decay);
-    const float dl = j < i ? F[i * kLdF64 + j] * decay : 0.0f;
-    const float m2 = dl * X[(kC + i) * kLdF64 + j];
-    F[i * kLdF64 + j] = beta[i] * dl;           // diag(beta) dl
-    X[i * kLdF64 + j] = dP * P + beta[i] * m2;  // pair terms t_ij
-    X[(kC + i) * kLdF64 + j] = m2;              // dbeta's share
+  // dR = A^T dVn; dv = diag(beta) dR; db_i += V_i . dR_i; then -dR replaces dVn.
+  Acc dr[8] = {};
+#pragma unroll
+  for (int kt = 0; kt < 4; ++kt) {
+    std::uint32_t a[4];
+    ldmatrix_x4_trans(a, a_rows_km(ab, kLdH64, r0, 16 * kt));
+#pragma unroll
+    for (int np = 0; np < 4; ++np) {
+      std::uint32_t b[4];
+      ldmatrix_x4_trans(b, b_rows_kn(dvn, kLdH, 16 * kt, 64 * half + 16 * np));
+      mma(dr[2 * np], a, b[0], b[1]);
+      mma(dr[2 * np + 1], a, b[2], b[3]);
+    }
   }
+  {
+    const In* v = static_cast<const In*>(p.v) + vrow * kD;
+    In* dv = static_cast<In*>(p.dv) + vrow * kD;
+    float vd[8][4];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; e += 2) {
+        const int i = row_of(e), j = 64 * half + col(nt, e);
+        float2 x = {0.0f, 0.0f};
+        if (i < len) {
+          const long long at = static_cast<long long>(i) * p.HV * kD + j;
+          x = unpack2<In>(*reinterpret_cast<const std::uint32_t*>(v + at));
+          *reinterpret_cast<std::uint32_t*>(dv + at) =
+              pack2<In>(beta[i] * dr[nt][e], beta[i] * dr[nt][e + 1]);
+        }
+        vd[nt][e] = x.x, vd[nt][e + 1] = x.y;
+      }
+    add_row_sums(
+        db, r0, dr, [&](int nt, int e) { return vd[nt][e]; }, 1.0f, 1.0f);
+  }
+  __syncthreads();  // every warp is done with dVn and A
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; e += 2)
+      *reinterpret_cast<std::uint32_t*>(dvn + row_of(e) * kLdH + 64 * half + col(nt, e)) =
+          pack_bf16(-dr[nt][e], -dr[nt][e + 1]);
+  bf16* ndr = dvn;  // -dR
+
+  // dP = scale dO Vn^T, P = (Q K^T) * decay (columns 32 half ..): dP * decay, and the pair
+  // terms t = dP * P to dG.
+  // out1 = a1 Vn^T, out2 = a2 K^T for the 32 columns of this half.
+  auto products = [&](const bf16* a1, const bf16* a2, Acc(&out1)[4], Acc(&out2)[4]) {
+#pragma unroll
+    for (int kp = 0; kp < 4; ++kp) {
+      std::uint32_t f1[2][4], f2[2][4];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        ldmatrix_x4(f1[j], a_rows_mk(a1, kLdH, r0, 32 * kp + 16 * j));
+        ldmatrix_x4(f2[j], a_rows_mk(a2, kLdH, r0, 32 * kp + 16 * j));
+      }
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        std::uint32_t b[4];
+        ldmatrix_x4(b, b_rows_nk(vn, kLdH, 32 * half + 8 * nt, 32 * kp));
+        mma(out1[nt], f1[0], b[0], b[1]);
+        mma(out1[nt], f1[1], b[2], b[3]);
+        ldmatrix_x4(b, b_rows_nk(ks, kLdH, 32 * half + 8 * nt, 32 * kp));
+        mma(out2[nt], f2[0], b[0], b[1]);
+        mma(out2[nt], f2[1], b[2], b[3]);
+      }
+    }
+  };
+  auto decay = [&](int i, int j) { return j <= i ? __expf(G[i] - G[j]) : 0.0f; };
+
+  // dP = scale dO Vn^T and P = (Q K^T) * decay: keep dP * decay, and t = dP * P goes to dG_i
+  // (row sums) and -dG_j (column sums).
+  Acc x1[4] = {}, x2[4] = {};
+  products(dos, qs, x1, x2);
+  float colsum[4][2] = {};
+  {
+    float lo = 0, hi = 0;
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = row_of(e), j = 32 * half + col(nt, e);
+        const float d = decay(i, j), dp = p.scale * x1[nt][e];
+        const float t = dp * x2[nt][e] * d;
+        x1[nt][e] = dp * d;
+        (e < 2 ? lo : hi) += t;
+        colsum[nt][e % 2] += t;
+      }
+    lo = row_sum(lo);
+    hi = row_sum(hi);
+    if (lane % 4 == 0) atomicAdd(dG + r0 + g, lo), atomicAdd(dG + r0 + g + 8, hi);
+  }
+  __syncthreads();  // -dR is complete
+
+  // dL = -dR Vn^T and K K^T: dl = strictly_lower(dL * decay), m2 = dl * K K^T, F = diag(beta) dl;
+  // t = beta_i m2 goes to dG like the P terms, m2 to db.
+  Acc dl[4] = {};
+  {
+    Acc kk[4] = {};
+    products(ndr, ks, dl, kk);
+    float lo_t = 0, hi_t = 0, lo_m = 0, hi_m = 0;
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = row_of(e), j = 32 * half + col(nt, e);
+        const float d = j < i ? decay(i, j) : 0.0f;
+        const float l = dl[nt][e] * d, m2 = l * kk[nt][e];
+        dl[nt][e] = beta[i] * l;  // F
+        (e < 2 ? lo_t : hi_t) += beta[i] * m2;
+        (e < 2 ? lo_m : hi_m) += m2;
+        colsum[nt][e % 2] += beta[i] * m2;
+      }
+    lo_t = row_sum(lo_t), hi_t = row_sum(hi_t), lo_m = row_sum(lo_m), hi_m = row_sum(hi_m);
+    if (lane % 4 == 0) {
+      atomicAdd(dG + r0 + g, lo_t), atomicAdd(dG + r0 + g + 8, hi_t);
+      atomicAdd(db + r0 + g, lo_m), atomicAdd(db + r0 + g + 8, hi_m);
+    }
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float sum = col_sum(colsum[nt][e]);
+        if (g == 0) atomicAdd(dG + 32 * half + 8 * nt + c + e, -sum);
+      }
+  }
+  __syncthreads();  // every warp is done with Vn and A: F and dP * decay take their place
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; e += 2) {
+      const int i = row_of(e), j = 32 * half + col(nt, e);
+      F[i * kLdF64 + j] = dl[nt][e];
+      F[i * kLdF64 + j + 1] = dl[nt][e + 1];
+      *reinterpret_cast<std::uint32_t*>(dpd + i * kLdH64 + j) = pack_bf16(x1[nt][e], x1[nt][e + 1]);
+    }
   __syncthreads();
   for (int idx = tid; idx < kC * kC; idx += kThreads) {
     const int i = idx / kC, j = idx % kC;
     dls[i * kLdH64 + j] = from_float<bf16>(F[i * kLdF64 + j] + F[j * kLdF64 + i]);
   }
-  if (tid < kC) {
-    float row_t = 0, col_t = 0, row_m2 = 0;
-    for (int j = 0; j < kC; ++j) {
-      row_t += X[tid * kLdF64 + j];
-      col_t += X[j * kLdF64 + tid];
-      row_m2 += X[(kC + tid) * kLdF64 + j];
-    }
-    dG[tid] += row_t - col_t;
-    db[tid] += row_m2;
-  }
   __syncthreads();
 
-  // dk += dpd^T Q + dl_sym K;  [dKb; dQe] = D S^T.
-  block_gemm<kC, kD, kC, Col, Row, true>(dpd, kLdH64, qs, kLdH, DK, kLdF);
-  block_gemm<kC, kD, kC, Row, Row, true>(dls, kLdH64, ks, kLdH, DK, kLdF);
-  block_gemm<kC, kD, kD, Row, Row>(r2, kLdH, ss, kLdH, F, kLdF);
-  block_gemm<kC, kD, kD, Row, Row>(r2 + kC * kLdH, kLdH, ss, kLdH, X, kLdF);
-  __syncthreads();
-  for (int i = warp; i < kC; i += kWarps) {
-    float acc_k = 0, acc_q = 0;
-    for (int j = lane; j < kD; j += 32) {
-      acc_k += to_float(ks[i * kLdH + j]) * F[i * kLdF + j];
-      acc_q += to_float(qs[i * kLdH + j]) * X[i * kLdF + j];
-      DK[i * kLdF + j] += beta[i] * e[i] * F[i * kLdF + j];
-      X[i * kLdF + j] *= e[i];
-    }
-    acc_k = warp_sum(acc_k);
-    acc_q = warp_sum(acc_q);
-    if (lane == 0) {
-      db[i] += e[i] * acc_k;
-      dG[i] += beta[i] * e[i] * acc_k + e[i] * acc_q;
+  // dk += dpd^T Q + dls K;  dq = dpd K.
+  Acc dq[8] = {};
+#pragma unroll
+  for (int kt = 0; kt < 4; ++kt) {
+    std::uint32_t at[4], al[4], ad[4];
+    ldmatrix_x4_trans(at, a_rows_km(dpd, kLdH64, r0, 16 * kt));
+    ldmatrix_x4(al, a_rows_mk(dls, kLdH64, r0, 16 * kt));
+    ldmatrix_x4(ad, a_rows_mk(dpd, kLdH64, r0, 16 * kt));
+#pragma unroll
+    for (int np = 0; np < 4; ++np) {
+      std::uint32_t bq[4], bk[4];
+      ldmatrix_x4_trans(bq, b_rows_kn(qs, kLdH, 16 * kt, 64 * half + 16 * np));
+      ldmatrix_x4_trans(bk, b_rows_kn(ks, kLdH, 16 * kt, 64 * half + 16 * np));
+      mma(dk[2 * np], at, bq[0], bq[1]);
+      mma(dk[2 * np + 1], at, bq[2], bq[3]);
+      mma(dk[2 * np], al, bk[0], bk[1]);
+      mma(dk[2 * np + 1], al, bk[2], bk[3]);
+      mma(dq[2 * np], ad, bk[0], bk[1]);
+      mma(dq[2 * np + 1], ad, bk[2], bk[3]);
     }
   }
-  __syncthreads();
-  block_gemm<kC, kD, kC, Row, Row, true>(dpd, kLdH64, ks, kLdH, X, kLdF);  // dq += dpd K
-  __syncthreads();
 
-  for (int idx = tid; idx < len * kD; idx += kThreads) {
-    const int i = idx / kD, j = idx % kD;
-    const long long out = v_row(p, b, t0 + i, hv) * kD + j;
-    p.dq_hv[out] = X[i * kLdF + j];
-    p.dk_hv[out] = DK[i * kLdF + j];
+  // [dKb; dQe] = [-dR; scale dO] S^T: dk += diag(beta e) dKb, dq += diag(e) dQe, and their
+  // K . dKb, Q . dQe terms to db and dG.
+  cp_async_wait<0>();
+  __syncthreads();  // S^T has landed
+  const int i_lo = r0 + g, i_hi = i_lo + 8;
+  const float e_lo = e_of(i_lo), e_hi = e_of(i_hi);
+#pragma unroll
+  for (int which = 0; which < 2; ++which) {
+    const bf16* a_src = which ? dos : ndr;
+    const bf16* x_src = which ? qs : ks;
+    Acc x[8] = {};
+#pragma unroll
+    for (int kt = 0; kt < 8; ++kt) {
+      std::uint32_t a[4];
+      ldmatrix_x4(a, a_rows_mk(a_src, kLdH, r0, 16 * kt));
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        std::uint32_t b[4];
+        ldmatrix_x4_trans(b, b_rows_kn(st, kLdH, 16 * kt, 64 * half + 16 * np));
+        mma(x[2 * np], a, b[0], b[1]);
+        mma(x[2 * np + 1], a, b[2], b[3]);
+      }
+    }
+    const float scale = which ? p.scale : 1.0f;
+    float lo = 0, hi = 0;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      const int j = 64 * half + 8 * nt + c;
+      const float2 w_lo = pair(x_src + i_lo * kLdH + j), w_hi = pair(x_src + i_hi * kLdH + j);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) x[nt][e] *= scale;
+      lo += w_lo.x * x[nt][0] + w_lo.y * x[nt][1];
+      hi += w_hi.x * x[nt][2] + w_hi.y * x[nt][3];
+      Acc& out = which ? dq[nt] : dk[nt];
+      const float f_lo = which ? e_lo : beta[i_lo] * e_lo, f_hi = which ? e_hi : beta[i_hi] * e_hi;
+      out[0] += f_lo * x[nt][0], out[1] += f_lo * x[nt][1];
+      out[2] += f_hi * x[nt][2], out[3] += f_hi * x[nt][3];
+    }
+    lo = row_sum(lo) * e_lo;
+    hi = row_sum(hi) * e_hi;
+    if (lane % 4 == 0) {
+      if (which) {
+        atomicAdd(dG + i_lo, lo), atomicAdd(dG + i_hi, hi);
+      } else {
+        atomicAdd(db + i_lo, lo), atomicAdd(db + i_hi, hi);
+        atomicAdd(dG + i_lo, beta[i_lo] * lo), atomicAdd(dG + i_hi, beta[i_hi] * hi);
+      }
+    }
   }
-  if (tid == 0) {  // dG_{len-1} gets the terms of exp(G_last); dg_j = sum_{i >= j} dG_i
-    float total = 0;
-    for (int i = 0; i < len; ++i) total += kdkf[i];
-    dG[len - 1] += total + gamma * sum[0];
-    for (int i = len - 2; i >= 0; --i) dG[i] += dG[i + 1];
-  }
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; e += 2) {
+      const int i = row_of(e);
+      if (i >= len) continue;
+      const long long out = (vrow + static_cast<long long>(i) * p.HV) * kD + 64 * half + col(nt, e);
+      *reinterpret_cast<float2*>(p.dq_hv + out) = {dq[nt][e], dq[nt][e + 1]};
+      *reinterpret_cast<float2*>(p.dk_hv + out) = {dk[nt][e], dk[nt][e + 1]};
+    }
   __syncthreads();
-  if (tid < len) {
-    const long long r = v_row(p, b, t0 + tid, hv);
-    p.dg[r] = dG[tid];
-    store_scalar(p.dbeta, r, p.beta_code, db[tid]);
+  if (warp == 0) {  // dG_{len-1} += extra; dg_j = sum_{j <= i < len} dG_i (a suffix scan)
+    float lo = lane < len ? dG[lane] : 0.0f, hi = lane + 32 < len ? dG[lane + 32] : 0.0f;
+    if (lane == (len - 1) % 32) (len > 32 ? hi : lo) += extra[0];
+    for (int offset = 1; offset < 32; offset *= 2) {
+      const float a = __shfl_down_sync(0xffffffffu, lo, offset);
+      const float b = __shfl_down_sync(0xffffffffu, hi, offset);
+      if (lane + offset < 32) lo += a, hi += b;
+    }
+    lo += __shfl_sync(0xffffffffu, hi, 0);
+    for (int i = lane; i < len; i += 32) {
+      const long long r = v_row(p, info.b, info.t0 + i, hv);
+      p.dg[r] = i < 32 ? lo : hi;
+      store_scalar(p.dbeta, r, p.beta_code, db[i]);
+    }
   }
 }
 

@@ -9,6 +9,20 @@ namespace gdn::cuda {
 // of a tile is in flight at once (a plain load-then-store loop waits one memory latency per
 // iteration). The caller still syncs the block before reading the tile.
 
+// Issues, without waiting, the copies of `rows` rows of kCols 16-bit values (row r from
+// src + r * stride elements) into dst (row stride ld elements); rows >= valid are zero-filled.
+template <int kCols>
+__device__ inline void issue_rows(void* dst, int ld, const void* src, long long stride, int rows,
+                                  int valid) {
+  using U16 = unsigned short;
+  for (int idx = threadIdx.x; idx < rows * (kCols / 8); idx += blockDim.x) {
+    const int r = idx / (kCols / 8), part = idx % (kCols / 8);
+    const bool ok = r < valid;
+    cp_async16(static_cast<U16*>(dst) + r * ld + part * 8,
+               static_cast<const U16*>(src) + (ok ? r * stride + part * 8 : 0), ok);
+  }
+}
+
 // rows x 128 bf16 from `src` (row r at src + r * 128) into dst[rows][kLdH]; rows >= valid are 0.
 __device__ inline void load_rows_bf16(bf16* dst, const bf16* src, int rows, int valid) {
   for (int idx = threadIdx.x; idx < rows * 16; idx += blockDim.x) {
