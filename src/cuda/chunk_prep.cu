@@ -2,8 +2,10 @@
 //   G = chunk-local cumsum(g),  L = strictly_lower(diag(beta) K K^T * exp(G_i - G_j)),
 //   A = (I + L)^-1,  P = scale (Q K^T) * exp(G_i - G_j) on and below the diagonal,
 // stored as G and beta (f32) and A, P (bf16) for the state passes and the gradient kernel.
-// K K^T and Q K^T share their K^T fragments (mma.sync); A is inverted in f32 in 16 x 16 blocks:
-// forward substitution on the diagonal blocks, then A_ij = -A_ii sum_{j <= m < i} L_im A_mj.
+// K K^T and Q K^T share their K^T fragments (mma.sync). A is inverted in 16 x 16 blocks: forward
+// substitution in f32 on the diagonal blocks, then by block diagonals d = 1, 2, 3 on tensor cores
+// (bf16 operands, f32 sums), A_ij = -A_ii sum_{j <= m < i} L_im A_mj, computed transposed so
+// that the sum stays in registers: A_ij^T = -(sum_m A_mj^T L_im^T) A_ii^T.
 #include "cuda/check.h"
 #include "cuda/kernels.h"
 #include "cuda/mma.cuh"
@@ -14,15 +16,13 @@ namespace {
 
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
-constexpr int kLdY = 17;  // f32 row stride of a 16 x 16 block
 
 struct PrepSmem {
-  static constexpr int ks = 0;                         // bf16 [64][136]  K, then A (bf16)
-  static constexpr int qs = ks + kC * kLdH * 2;        // bf16 [64][136]  Q, then P (bf16)
-  static constexpr int l = qs + kC * kLdH * 2;         // f32 [64][68]    L
-  static constexpr int af = l + kC * kLdF64 * 4;       // f32 [64][68]    A
-  static constexpr int y = af + kC * kLdF64 * 4;       // f32 [3][16][17] block products
-  static constexpr int gates = y + 3 * 16 * kLdY * 4;  // f32 G[64], beta[64]
+  static constexpr int ks = 0;                       // bf16 [64][136]  K, then A (bf16 [64][72])
+  static constexpr int qs = ks + kC * kLdH * 2;      // bf16 [64][136]  Q, then P (bf16 [64][72])
+  static constexpr int lb = qs + kC * kLdH * 2;      // bf16 [64][72]   L
+  static constexpr int l = lb + kC * kLdH64 * 2;     // f32 [64][68]    L
+  static constexpr int gates = l + kC * kLdF64 * 4;  // f32 G[64], beta[64]
   static constexpr int bytes = gates + 2 * kC * 4;
 };
 
@@ -41,9 +41,10 @@ __device__ inline void chunk_cumsum(float* G) {
   G[lane + 32] = hi;
 }
 
-// af = (I + l)^-1 for a strictly lower triangular 64 x 64 l (f32, row stride kLdF64).
-__device__ inline void invert_unit_lower(const float* l, float* af, float* y) {
-  const int tid = threadIdx.x;
+// ab = (I + L)^-1 (bf16, row stride kLdH64, zero above the diagonal on entry) from L in f32 (l)
+// and bf16 (lb).
+__device__ inline void invert_unit_lower(const float* l, const bf16* lb, bf16* ab) {
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   if (tid < kC) {  // diagonal block b, column c: forward substitution in registers
     const int b = tid / 16, c = tid % 16, o = 16 * b;
     float col[16];
@@ -55,26 +56,35 @@ __device__ inline void invert_unit_lower(const float* l, float* af, float* y) {
       col[r] = sum;
     }
 #pragma unroll
-    for (int r = 0; r < 16; ++r) af[(o + r) * kLdF64 + o + c] = col[r];
+    for (int r = 0; r < 16; ++r) ab[(o + r) * kLdH64 + o + c] = from_float<bf16>(col[r]);
   }
   __syncthreads();
-  for (int d = 1; d < 4; ++d) {  // the blocks (j + d, j)
-    const int blocks = 4 - d;
-    for (int e = tid; e < blocks * 256; e += kThreads) {
-      const int j = e / 256, i = j + d, r = e / 16 % 16, c = e % 16;
-      float sum = 0;
-      for (int m = 16 * j; m < 16 * i; ++m)
-        sum += l[(16 * i + r) * kLdF64 + m] * af[m * kLdF64 + 16 * j + c];
-      y[(j * 16 + r) * kLdY + c] = sum;
-    }
-    __syncthreads();
-    for (int e = tid; e < blocks * 256; e += kThreads) {
-      const int j = e / 256, i = j + d, r = e / 16 % 16, c = e % 16;
-      float sum = 0;
+  for (int d = 1; d < 4; ++d) {  // warp j takes block (i, j) = (j + d, j)
+    const int j = warp, i = j + d;
+    if (i < 4) {
+      Acc y[2] = {};  // Y^T = sum_m A_mj^T L_im^T
+      for (int m = j; m < i; ++m) {
+        std::uint32_t a[4], b0[4], b1[4];
+        ldmatrix_x4_trans(a, a_rows_km(ab, kLdH64, 16 * j, 16 * m));
+        ldmatrix_x4(b0, b_rows_nk(lb, kLdH64, 16 * i, 16 * m));
+        ldmatrix_x4(b1, b_rows_nk(lb, kLdH64, 16 * i + 8, 16 * m));
+        mma(y[0], a, b0[0], b0[1]);
+        mma(y[1], a, b1[0], b1[1]);
+      }
+      std::uint32_t ya[4], b0[4], b1[4];
+      acc_to_a(ya, y, 0, [](int) { return -1.0f; });
+      ldmatrix_x4(b0, b_rows_nk(ab, kLdH64, 16 * i, 16 * i));
+      ldmatrix_x4(b1, b_rows_nk(ab, kLdH64, 16 * i + 8, 16 * i));
+      Acc x[2] = {};  // A_ij^T = -Y^T A_ii^T
+      mma(x[0], ya, b0[0], b0[1]);
+      mma(x[1], ya, b1[0], b1[1]);
+      const int r = lane / 4, c = 2 * (lane % 4);
 #pragma unroll
-      for (int m = 0; m < 16; ++m)
-        sum += af[(16 * i + r) * kLdF64 + 16 * i + m] * y[(j * 16 + m) * kLdY + c];
-      af[(16 * i + r) * kLdF64 + 16 * j + c] = -sum;
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)  // x(row 16 j + r + 8 (e / 2), col 16 i + 8 h + c + e % 2)
+          ab[(16 * i + 8 * h + c + e % 2) * kLdH64 + 16 * j + r + 8 * (e / 2)] =
+              from_float<bf16>(x[h][e]);
     }
     __syncthreads();
   }
@@ -100,8 +110,6 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(Params p) {
   bf16* ks = reinterpret_cast<bf16*>(smem + PrepSmem::ks);
   bf16* qs = reinterpret_cast<bf16*>(smem + PrepSmem::qs);
   float* L = reinterpret_cast<float*>(smem + PrepSmem::l);
-  float* Af = reinterpret_cast<float*>(smem + PrepSmem::af);
-  float* Y = reinterpret_cast<float*>(smem + PrepSmem::y);
   float* G = reinterpret_cast<float*>(smem + PrepSmem::gates);
   float* beta = G + kC;
 
@@ -143,26 +151,26 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(Params p) {
       mma(qk[nt], aq[1], bk[2], bk[3]);
     }
   }
-  __syncthreads();  // every warp is done with Q: its tile now takes P
+  __syncthreads();  // every warp is done with K and Q: their tiles take A, P and L
+  bf16* ab = ks;
   bf16* pb = qs;
+  bf16* lb = reinterpret_cast<bf16*>(smem + PrepSmem::lb);
+  for (int idx = tid; idx < kC * 8; idx += kThreads)
+    *reinterpret_cast<uint4*>(ab + idx / 8 * kLdH64 + idx % 8 * 8) = uint4{0, 0, 0, 0};
 #pragma unroll
   for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int i = 16 * warp + lane / 4 + 8 * (e / 2), j = 8 * nt + 2 * (lane % 4) + e % 2;
       const float decay = j <= i ? __expf(G[i] - G[j]) : 0.0f;  // mask before exp
-      L[i * kLdF64 + j] = j < i ? beta[i] * kk[nt][e] * decay : 0.0f;
+      const float x = j < i ? beta[i] * kk[nt][e] * decay : 0.0f;
+      L[i * kLdF64 + j] = x;
+      lb[i * kLdH64 + j] = from_float<bf16>(x);
       pb[i * kLdH64 + j] = from_float<bf16>(p.scale * qk[nt][e] * decay);
     }
   __syncthreads();
   store_tile64(p.P + s * kC * kC, pb);
-  invert_unit_lower(L, Af, Y);
-  bf16* ab = ks;
-  for (int idx = tid; idx < kC * kC; idx += kThreads) {
-    const int i = idx / kC, j = idx % kC;
-    ab[i * kLdH64 + j] = from_float<bf16>(j <= i ? Af[i * kLdF64 + j] : 0.0f);
-  }
-  __syncthreads();
+  invert_unit_lower(L, lb, ab);
   store_tile64(p.A + s * kC * kC, ab);
 }
 

@@ -416,32 +416,34 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
   }
 }
 
-// One warp per (token, key head) row: dx = sum over the group, then back through the l2norm:
-// dx <- r (dx - x_hat (x_hat . dx)), x_hat = x r.
+// One warp per (token, key head) row, 4 consecutive values per lane: dx = sum over the group,
+// then back through the l2norm: dx <- r (dx - x_hat (x_hat . dx)), x_hat = x r.
 template <typename In>
 __global__ void grad_qk_kernel(Params p, long long rows) {
   const long long row = static_cast<long long>(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (row >= rows) return;
-  const int lane = threadIdx.x % 32, group = p.HV / p.HK;
+  const int j = 4 * (threadIdx.x % 32), group = p.HV / p.HK;
   const long long token = row / p.HK, hk = row % p.HK;
+#pragma unroll
   for (int which = 0; which < 2; ++which) {
-    const float* src = (which ? p.dk_hv : p.dq_hv) + (token * p.HV + hk * group) * kD;
-    const In* x = static_cast<const In*>(which ? p.k : p.q) + row * kD;
+    const float* src = (which ? p.dk_hv : p.dq_hv) + (token * p.HV + hk * group) * kD + j;
+    const In* x = static_cast<const In*>(which ? p.k : p.q) + row * kD + j;
     const float r = (which ? p.rk : p.rq)[row];
-    float dx[4], xh[4], dot = 0;
-    for (int m = 0; m < 4; ++m) {
-      const int j = lane + 32 * m;
-      dx[m] = 0;
-      for (int gi = 0; gi < group; ++gi) dx[m] += src[gi * kD + j];
-      xh[m] = to_float(x[j]) * r;
-      dot += xh[m] * dx[m];
+    const uint2 xr = *reinterpret_cast<const uint2*>(x);
+    const float2 x01 = unpack2<In>(xr.x), x23 = unpack2<In>(xr.y);
+    const float xh[4] = {x01.x * r, x01.y * r, x23.x * r, x23.y * r};
+    float4 dx = *reinterpret_cast<const float4*>(src);
+    for (int gi = 1; gi < group; ++gi) {
+      const float4 y = *reinterpret_cast<const float4*>(src + gi * kD);
+      dx.x += y.x, dx.y += y.y, dx.z += y.z, dx.w += y.w;
     }
-    dot = warp_sum(dot);
-    In* out = static_cast<In*>(which ? p.dk : p.dq) + row * kD;
-    for (int m = 0; m < 4; ++m) {
-      const float y = p.l2norm ? r * (dx[m] - xh[m] * dot) : dx[m];
-      out[lane + 32 * m] = from_float<In>(y);
+    float d[4] = {dx.x, dx.y, dx.z, dx.w};
+    if (p.l2norm) {
+      const float dot = warp_sum(xh[0] * d[0] + xh[1] * d[1] + xh[2] * d[2] + xh[3] * d[3]);
+      for (int m = 0; m < 4; ++m) d[m] = r * (d[m] - xh[m] * dot);
     }
+    In* out = static_cast<In*>(which ? p.dk : p.dq) + row * kD + j;
+    *reinterpret_cast<uint2*>(out) = uint2{pack2<In>(d[0], d[1]), pack2<In>(d[2], d[3])};
   }
 }
 
