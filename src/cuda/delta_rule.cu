@@ -1,4 +1,5 @@
 // The public CUDA entry points: argument checks, the workspace plan, dtype dispatch, launches.
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -55,19 +56,45 @@ void require_dtype(const char* name, const TensorRef& t, DType dtype) {
                 " on CUDA, got " + std::string(dtype_name(t.dtype)));
 }
 
-std::int64_t chunk_slots(const DeltaRuleInputs& in, const DeltaRuleShape& s,
-                         const TensorRef& cu_seqlens_host) {
-  if (!in.cu_seqlens.given()) return s.B * ((s.T + kC - 1) / kC);
-  std::int64_t total = 0;
+// The chunks of all sequences, and of the longest.
+struct ChunkCount {
+  std::int64_t total = 0, longest = 0;
+};
+
+ChunkCount count_chunks(const DeltaRuleInputs& in, const DeltaRuleShape& s,
+                        const TensorRef& cu_seqlens_host) {
+  if (!in.cu_seqlens.given()) {
+    const std::int64_t per_row = (s.T + kC - 1) / kC;
+    return {s.B * per_row, per_row};
+  }
+  ChunkCount count;
   for (std::int64_t n = 0; n < s.N; ++n) {
     auto at = [&](std::int64_t i) {
       return cu_seqlens_host.dtype == DType::i64
                  ? static_cast<const std::int64_t*>(cu_seqlens_host.data)[i]
                  : static_cast<const std::int32_t*>(cu_seqlens_host.data)[i];
     };
-    total += (at(n + 1) - at(n) + kC - 1) / kC;
+    const std::int64_t chunks = (at(n + 1) - at(n) + kC - 1) / kC;
+    count.total += chunks;
+    count.longest = std::max(count.longest, chunks);
   }
-  return total;
+  return count;
+}
+
+// Segments per sequence (state_pass.cuh): as many as keep the state passes' blocks (P per value
+// head) and the summary pass's (2P - 3) within one wave of the GPU's multiprocessors, and at
+// least kMinSegment chunks each.
+constexpr std::int64_t kMinSegment = 4;
+
+void choose_segments(std::int64_t heads, std::int64_t longest, cuda::Params& p) {
+  int device = 0, sms = 1;
+  GDN_CUDA_CHECK(cudaGetDevice(&device));
+  GDN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const std::int64_t fit = sms / heads;
+  const std::int64_t want = std::max<std::int64_t>(1, std::min(fit, (fit + 3) / 2));
+  const std::int64_t seg = std::max(kMinSegment, (longest + want - 1) / want);
+  p.seg_len = static_cast<int>(seg);
+  p.seg_count = static_cast<int>(std::max<std::int64_t>(1, (longest + seg - 1) / seg));
 }
 
 // The workspace, carved in 256-byte aligned pieces; with base == nullptr it only counts.
@@ -83,8 +110,9 @@ struct Carver {
 };
 
 // Fills the params' shapes, inputs and workspace pointers; returns the bytes used.
-std::size_t plan(const DeltaRuleInputs& in, const DeltaRuleShape& s, std::int64_t NC, bool backward,
-                 void* workspace, cuda::Params& p) {
+std::size_t plan(const DeltaRuleInputs& in, const DeltaRuleShape& s, ChunkCount chunks,
+                 bool backward, void* workspace, cuda::Params& p) {
+  const std::int64_t NC = chunks.total;
   p = cuda::Params{};
   p.B = static_cast<int>(s.B);
   p.T = static_cast<int>(s.T);
@@ -92,6 +120,7 @@ std::size_t plan(const DeltaRuleInputs& in, const DeltaRuleShape& s, std::int64_
   p.HV = static_cast<int>(s.HV);
   p.N = static_cast<int>(s.N);
   p.NC = static_cast<int>(NC);
+  choose_segments(s.N * s.HV, chunks.longest, p);
   p.scale = static_cast<float>(in.scale != 0 ? in.scale : 1.0 / std::sqrt(double(s.K)));
   p.l2norm = in.use_qk_l2norm;
   p.beta_code = in.beta.dtype == DType::f32 ? 0 : in.beta.dtype == DType::bf16 ? 1 : 2;
@@ -118,6 +147,13 @@ std::size_t plan(const DeltaRuleInputs& in, const DeltaRuleShape& s, std::int64_
   p.bt = c.take<float>(slots * kC);
   p.A = c.take<bf16>(slots * kC * kC);
   p.P = c.take<bf16>(slots * kC * kC);
+  if (p.seg_count > 1) {
+    const std::int64_t matrices = s.N * p.seg_count * s.HV * kD * kD;
+    p.seg_local = c.take<float>(matrices);
+    p.seg_transfer = c.take<float>(matrices);
+    p.seg_state = c.take<float>(matrices);
+    if (backward) p.seg_dstate = c.take<float>(matrices);
+  }
   if (backward) {
     p.h = c.take<bf16>(slots * kD * kD);
     p.vn = c.take<bf16>(slots * kC * kD);
@@ -137,19 +173,33 @@ void check_workspace(const CudaContext& ctx, std::size_t needed) {
     throw Error("workspace must be 256-byte aligned");
 }
 
+// The state entering every segment (state_pass.cuh), from the summaries and their composition.
+template <typename In>
+void segment_states(const cuda::Params& p, cudaStream_t stream) {
+  if (p.seg_count == 1) return;
+  cuda::launch_state_forward<In, cuda::Pass::summary>(p, stream);
+  cuda::launch_combine(p, false, stream);
+}
+
 template <typename In>
 void run_forward(const cuda::Params& p, cudaStream_t stream) {
   cuda::launch_setup<In>(p, stream);
   cuda::launch_chunk_prep(p, stream);
-  cuda::launch_state_forward<In, true>(p, stream);
+  segment_states<In>(p, stream);
+  cuda::launch_state_forward<In, cuda::Pass::output>(p, stream);
 }
 
 template <typename In>
 void run_backward(const cuda::Params& p, cudaStream_t stream) {
   cuda::launch_setup<In>(p, stream);
   cuda::launch_chunk_prep(p, stream);
-  cuda::launch_state_forward<In, false>(p, stream);  // h, Vn
-  cuda::launch_state_backward<In>(p, stream);
+  segment_states<In>(p, stream);
+  cuda::launch_state_forward<In, cuda::Pass::recompute>(p, stream);  // h, Vn
+  if (p.seg_count > 1) {  // the state gradient leaving every segment
+    cuda::launch_state_backward<In, true>(p, stream);
+    cuda::launch_combine(p, true, stream);
+  }
+  cuda::launch_state_backward<In, false>(p, stream);
   cuda::launch_grad_chunk<In>(p, stream);
   cuda::launch_grad_qk<In>(p, stream);
 }
@@ -160,14 +210,14 @@ std::size_t delta_rule_forward_cuda_workspace(const DeltaRuleInputs& in,
                                               const TensorRef& cu_seqlens_host) {
   const DeltaRuleShape s = check_inputs(in, cu_seqlens_host);
   cuda::Params p;
-  return plan(in, s, chunk_slots(in, s, cu_seqlens_host), false, nullptr, p);
+  return plan(in, s, count_chunks(in, s, cu_seqlens_host), false, nullptr, p);
 }
 
 std::size_t delta_rule_backward_cuda_workspace(const DeltaRuleInputs& in,
                                                const TensorRef& cu_seqlens_host) {
   const DeltaRuleShape s = check_inputs(in, cu_seqlens_host);
   cuda::Params p;
-  return plan(in, s, chunk_slots(in, s, cu_seqlens_host), true, nullptr, p);
+  return plan(in, s, count_chunks(in, s, cu_seqlens_host), true, nullptr, p);
 }
 
 void delta_rule_forward_cuda(const DeltaRuleInputs& in, const DeltaRuleOutputs& out,
@@ -176,13 +226,13 @@ void delta_rule_forward_cuda(const DeltaRuleInputs& in, const DeltaRuleOutputs& 
   validate_outputs(s, out);
   require_dtype("o", out.o, in.q.dtype);
   require_dtype("final_state", out.final_state, DType::f32);
-  const std::int64_t NC = chunk_slots(in, s, ctx.cu_seqlens_host);
+  const ChunkCount chunks = count_chunks(in, s, ctx.cu_seqlens_host);
   cuda::Params p;
-  check_workspace(ctx, plan(in, s, NC, false, nullptr, p));
-  plan(in, s, NC, false, ctx.workspace, p);
+  check_workspace(ctx, plan(in, s, chunks, false, nullptr, p));
+  plan(in, s, chunks, false, ctx.workspace, p);
   p.o = out.o.data;
   p.ht = static_cast<float*>(out.final_state.data);
-  if (s.T == 0 || NC == 0) return;
+  if (s.T == 0 || chunks.total == 0) return;
   auto stream = reinterpret_cast<cudaStream_t>(ctx.stream);
   if (in.q.dtype == DType::bf16)
     run_forward<bf16>(p, stream);
@@ -202,10 +252,10 @@ void delta_rule_backward_cuda(const DeltaRuleInputs& in, const DeltaRuleGrads& g
   require_dtype("dg", gr.dg, DType::f32);
   require_dtype("dbeta", gr.dbeta, in.beta.dtype);
   require_dtype("dh0", gr.dh0, DType::f32);
-  const std::int64_t NC = chunk_slots(in, s, ctx.cu_seqlens_host);
+  const ChunkCount chunks = count_chunks(in, s, ctx.cu_seqlens_host);
   cuda::Params p;
-  check_workspace(ctx, plan(in, s, NC, true, nullptr, p));
-  plan(in, s, NC, true, ctx.workspace, p);
+  check_workspace(ctx, plan(in, s, chunks, true, nullptr, p));
+  plan(in, s, chunks, true, ctx.workspace, p);
   p.d_o = gr.d_o.data;
   p.dht = static_cast<const float*>(gr.d_final_state.data);
   p.dq = gr.dq.data;
@@ -214,7 +264,7 @@ void delta_rule_backward_cuda(const DeltaRuleInputs& in, const DeltaRuleGrads& g
   p.dg = static_cast<float*>(gr.dg.data);
   p.dbeta = gr.dbeta.data;
   p.dh0 = static_cast<float*>(gr.dh0.data);
-  if (s.T == 0 || NC == 0) return;
+  if (s.T == 0 || chunks.total == 0) return;
   auto stream = reinterpret_cast<cudaStream_t>(ctx.stream);
   if (in.q.dtype == DType::bf16)
     run_backward<bf16>(p, stream);

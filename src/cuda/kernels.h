@@ -2,9 +2,10 @@
 // Launchers of the delta-rule kernels, in the order the forward and backward run them.
 // In = bf16 or __half is the dtype of q, k, v, o and their gradients.
 //
-// forward:  setup, chunk_prep, state_forward<In, true>
-// backward: setup, chunk_prep, state_forward<In, false> (h, Vn), state_backward, grad_chunk,
-//           grad_qk
+// forward:  setup, chunk_prep, [state_forward<summary>, combine], state_forward<output>
+// backward: setup, chunk_prep, [state_forward<summary>, combine], state_forward<recompute>,
+//           [state_backward<summary>, combine<reverse>], state_backward, grad_chunk, grad_qk
+// (the bracketed launches only when sequences are cut into segments, P > 1).
 
 #include <cuda_runtime.h>
 
@@ -17,13 +18,21 @@ template <typename In>
 void launch_setup(const Params& p, cudaStream_t stream);
 // Per (chunk, value head): G, beta, A, P.
 void launch_chunk_prep(const Params& p, cudaStream_t stream);
-// Serial over chunks, split over 16-column slices of V (a warp each): o (kOutput) or h and Vn,
-// and the final state.
-template <typename In, bool kOutput>
+enum class Pass {
+  output,     // o and the final state
+  recompute,  // h and Vn for the backward
+  summary,    // per segment: the state from zero and the transfer matrix, nothing per chunk
+};
+// Serial over the chunks of each segment, a warp per 16 columns of V.
+template <typename In, Pass kPass>
 void launch_state_forward(const Params& p, cudaStream_t stream);
-// Serial in reverse over chunks, split over V: dh, dVn, dh0.
-template <typename In>
+// Serial in reverse over the chunks of each segment: dh, dVn, dh0; or, as a summary, the state
+// gradient entering each segment from a zero gradient at its end.
+template <typename In, bool kSummary>
 void launch_state_backward(const Params& p, cudaStream_t stream);
+// Composes the segment summaries: the state entering each segment (forward), or the state
+// gradient leaving each segment (reverse).
+void launch_combine(const Params& p, bool reverse, cudaStream_t stream);
 // Per (chunk, value head): dv, dg, dbeta and the value head's share of dq, dk.
 template <typename In>
 void launch_grad_chunk(const Params& p, cudaStream_t stream);

@@ -21,8 +21,9 @@ struct ChunkInfo {
 };
 
 struct Params {
-  // Shapes. N sequences; NC chunk slots (an upper bound on the chunk count).
-  int B, T, HK, HV, N, NC;
+  // Shapes. N sequences; NC chunk slots (an upper bound on the chunk count); each sequence cut
+  // into at most seg_count segments of seg_len chunks (state_pass.cuh).
+  int B, T, HK, HV, N, NC, seg_count, seg_len;
   float scale;
   bool l2norm;
   int beta_code;  // 0 f32, 1 bf16, 2 f16 (the dtype of beta; dbeta has the same code)
@@ -52,6 +53,14 @@ struct Params {
   bf16* P;            // [NC, HV, 64, 64] scale (Q K^T) * exp(G_i - G_j), i >= j
   bf16* h;            // [NC, HV, V, K]   state entering each chunk, transposed (backward only)
   bf16* vn;           // [NC, HV, 64, V]  Vn = A diag(beta) (V - diag(e) K S)   (backward only)
+
+  // Segment summaries (seg_count > 1), each [N * seg_count, HV, K, K or V] f32, segment k of
+  // sequence n at n * seg_count + k.
+  float* seg_local;     // the state leaving segment k from a zero start (forward: N_k), or the
+                        // state gradient entering it from a zero end (backward: D_k)
+  float* seg_transfer;  // M_k: S_end = M_k S_start + N_k
+  float* seg_state;     // the state entering segment k (k >= 1)
+  float* seg_dstate;    // the state gradient leaving segment k (k < last; backward only)
 
   // Forward outputs.
   void* o;    // [B, T, HV, V]  In, optional (the backward's recompute skips it)

@@ -4,6 +4,9 @@
 //   dh[c] = dS,  dVn = P^T dO + diag(f) K dS,
 //   dS_in = gamma dS + Q^T diag(scale e) dO - W^T dVn,
 // computed transposed: dVn^T = dO^T P + dS^T K^T diag(f), W^T-term = ((dVn^T A) diag(beta e)) K.
+// As a summary (kSummary) it runs segment k >= 1 and stores only the gradient entering it: from
+// dS_T for the last segment (that is the gradient leaving segment last - 1), from zero for the
+// others (D_k, with dS_start = M_k^T dS_end + D_k; combine.cu composes them).
 #include "cuda/check.h"
 #include "cuda/kernels.h"
 #include "cuda/state_pass.cuh"
@@ -13,34 +16,43 @@ namespace {
 
 using namespace state_pass;
 
-template <typename In>
+template <typename In, bool kSummary>
 __global__ void __launch_bounds__(kThreads, 1) state_backward_kernel(Params p) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int v0 = blockIdx.x * kBV, hv = blockIdx.y, n = blockIdx.z, vw = v0 + 16 * warp;
-  const int first = p.chunk_begin[n], chunks = p.chunk_begin[n + 1] - first;
+  const int hv = blockIdx.y, vw = 16 * warp;
+  const Segment seg = segment(p, blockIdx.z);
+  if (seg.chunks <= 0 || (kSummary && seg.is_first)) return;
+  const int first = seg.first, chunks = seg.chunks;
   const int c = 2 * (lane % 4);
   extern __shared__ __align__(128) unsigned char smem[];
-  bf16* staging = reinterpret_cast<bf16*>(smem + Stage::staging) + warp * kC * kLdO;
+  [[maybe_unused]] bf16* staging =
+      reinterpret_cast<bf16*>(smem + Stage::staging) + warp * kC * kLdO;
   auto prefetch_step = [&](int step) {  // step 0 is the last chunk
     if (step < chunks)
-      prefetch(p, smem, step % kStages, first + chunks - 1 - step, hv, v0, true, true, p.d_o);
+      prefetch(p, smem, step % kStages, first + chunks - 1 - step, hv, 0, true, true, p.d_o);
     cp_async_commit();
   };
 
   Acc dS[16];
-  load_state(dS, p.dht ? p.dht + (static_cast<long long>(n) * p.HV + hv) * kD * kD : nullptr, vw);
+  if (kSummary && !seg.is_last)
+    load_state(dS, nullptr, vw);
+  else if (seg.is_last)
+    load_state(dS, p.dht ? p.dht + (static_cast<long long>(seg.n) * p.HV + hv) * kD * kD : nullptr,
+               vw);
+  else
+    load_state(dS, segment_matrix(p.seg_dstate, p, blockIdx.z, hv), vw);
   for (int step = 0; step < kStages - 1; ++step) prefetch_step(step);
   for (int step = 0; step < chunks; ++step) {
     prefetch_step(step + kStages - 1);
     cp_async_wait<kStages - 1>();
     __syncthreads();
     const Tiles t = tiles(smem, step % kStages);
-    const long long s = slot(p, first + chunks - 1 - step, hv);
+    [[maybe_unused]] const long long s = slot(p, first + chunks - 1 - step, hv);
     const float g_last = t.g[kC - 1];
 
     std::uint32_t da[8][4];
     state_to_a(da, dS);
-    store_state_t(p.dh + s * kD * kD, vw, da);
+    if constexpr (!kSummary) store_state_t(p.dh + s * kD * kD, vw, da);
 
     // dVn^T = (dS^T K^T) diag(f) + dO^T P.
     Acc dvn[8] = {};
@@ -83,7 +95,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_backward_kernel(Params p) {
         mma(dvn[2 * np], oa[kt], b[0], b[1]);
         mma(dvn[2 * np + 1], oa[kt], b[2], b[3]);
       }
-    store_tokens<bf16>(dvn, staging, p.dvn + s * kC * kD + vw, kD, kC);
+    if constexpr (!kSummary) store_tokens<bf16>(dvn, staging, p.dvn + s * kC * kD + vw, kD, kC);
 
     // Y = dVn^T A, then dS^T = gamma dS^T + (dO^T diag(scale e)) Q - (Y diag(beta e)) K.
     std::uint32_t na[4][4];
@@ -123,21 +135,28 @@ __global__ void __launch_bounds__(kThreads, 1) state_backward_kernel(Params p) {
     __syncthreads();
   }
   cp_async_wait<0>();
-  if (p.dh0) store_state(p.dh0 + (static_cast<long long>(n) * p.HV + hv) * kD * kD, vw, dS);
+  if (kSummary)
+    store_state(segment_matrix(seg.is_last ? p.seg_dstate : p.seg_local, p,
+                               seg.is_last ? blockIdx.z - 1 : blockIdx.z, hv),
+                vw, dS);
+  else if (p.dh0 && seg.is_first)
+    store_state(p.dh0 + (static_cast<long long>(seg.n) * p.HV + hv) * kD * kD, vw, dS);
 }
 
 }  // namespace
 
-template <typename In>
+template <typename In, bool kSummary>
 void launch_state_backward(const Params& p, cudaStream_t stream) {
-  auto kernel = state_backward_kernel<In>;
+  auto kernel = state_backward_kernel<In, kSummary>;
   GDN_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Stage::smem_bytes));
-  kernel<<<dim3(kD / kBV, p.HV, p.N), kThreads, Stage::smem_bytes, stream>>>(p);
+  kernel<<<dim3(1, p.HV, p.N * p.seg_count), kThreads, Stage::smem_bytes, stream>>>(p);
   GDN_CUDA_CHECK_LAUNCH();
 }
 
-template void launch_state_backward<bf16>(const Params&, cudaStream_t);
-template void launch_state_backward<__half>(const Params&, cudaStream_t);
+template void launch_state_backward<bf16, false>(const Params&, cudaStream_t);
+template void launch_state_backward<bf16, true>(const Params&, cudaStream_t);
+template void launch_state_backward<__half, false>(const Params&, cudaStream_t);
+template void launch_state_backward<__half, true>(const Params&, cudaStream_t);
 
 }  // namespace gdn::cuda

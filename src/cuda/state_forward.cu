@@ -3,7 +3,11 @@
 //   O  = diag(scale e) Q S + P Vn,          (P from chunk_prep, scale folded in)
 //   S' = gamma S + K^T diag(f) Vn,
 // each computed transposed (S^T is what a warp holds): (K S)^T = S^T K^T, Vn^T = X^T A^T, ...
-// With kOutput it writes o; without it (the backward's recompute) it writes h = S^T and Vn.
+// Pass::output writes o, Pass::recompute (for the backward) h = S^T and Vn. Pass::summary runs
+// segment k < last of each sequence and stores only its end state: in block x = 0, from h0 for
+// k = 0 (that is the state entering segment 1) and from zero for k >= 1 (N_k); in block x = 1,
+// for 1 <= k < last, the transfer matrix M_k (started from the identity with V = 0, column j of
+// M being the image of e_j). combine.cu composes the rest.
 #include "cuda/check.h"
 #include "cuda/kernels.h"
 #include "cuda/state_pass.cuh"
@@ -13,21 +17,40 @@ namespace {
 
 using namespace state_pass;
 
-template <typename In, bool kOutput>
+template <typename In, Pass kPass>
 __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
+  constexpr bool kOutput = kPass == Pass::output, kSummary = kPass == Pass::summary;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int v0 = blockIdx.x * kBV, hv = blockIdx.y, n = blockIdx.z, vw = v0 + 16 * warp;
-  const int first = p.chunk_begin[n], chunks = p.chunk_begin[n + 1] - first;
+  const int hv = blockIdx.y, vw = 16 * warp;
+  const Segment seg = segment(p, blockIdx.z);
+  const bool transfer = kSummary && blockIdx.x == 1;
+  if (seg.chunks <= 0 || (kSummary && (seg.is_last || (transfer && seg.is_first)))) return;
+  const int first = seg.first, chunks = seg.chunks;
   const int c = 2 * (lane % 4);  // this lane's first column within an 8-column tile
   extern __shared__ __align__(128) unsigned char smem[];
-  bf16* staging = reinterpret_cast<bf16*>(smem + Stage::staging) + warp * kC * kLdO;
+  [[maybe_unused]] bf16* staging =
+      reinterpret_cast<bf16*>(smem + Stage::staging) + warp * kC * kLdO;
+  if (transfer)  // V = 0: its tiles are zeroed once and never loaded
+    for (int idx = threadIdx.x; idx < kStages * kC * kLdV / 8; idx += kThreads) {
+      const int buf = idx / (kC * kLdV / 8), at = idx % (kC * kLdV / 8);
+      reinterpret_cast<uint4*>(smem + buf * Stage::bytes + Stage::v)[at] = uint4{0, 0, 0, 0};
+    }
   auto prefetch_chunk = [&](int i) {
-    if (i < chunks) prefetch(p, smem, i % kStages, first + i, hv, v0, kOutput, kOutput, p.v);
+    if (i < chunks)
+      prefetch(p, smem, i % kStages, first + i, hv, 0, kOutput, kOutput, transfer ? nullptr : p.v);
     cp_async_commit();
   };
 
   Acc S[16];
-  load_state(S, p.h0 ? p.h0 + (static_cast<long long>(n) * p.HV + hv) * kD * kD : nullptr, vw);
+  if (transfer)
+    load_identity(S, vw);
+  else if (kSummary && !seg.is_first)
+    load_state(S, nullptr, vw);
+  else if (seg.is_first)
+    load_state(S, p.h0 ? p.h0 + (static_cast<long long>(seg.n) * p.HV + hv) * kD * kD : nullptr,
+               vw);
+  else
+    load_state(S, segment_matrix(p.seg_state, p, blockIdx.z, hv), vw);
   for (int i = 0; i < kStages - 1; ++i) prefetch_chunk(i);
   for (int i = 0; i < chunks; ++i) {
     prefetch_chunk(i + kStages - 1);
@@ -35,12 +58,12 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
     __syncthreads();
     const Tiles t = tiles(smem, i % kStages);
     const int cid = first + i;
-    const long long s = slot(p, cid, hv);
+    [[maybe_unused]] const long long s = slot(p, cid, hv);
     const float g_last = t.g[kC - 1];
 
     std::uint32_t sa[8][4];
     state_to_a(sa, S);
-    if constexpr (!kOutput) store_state_t(p.h + s * kD * kD, vw, sa);
+    if constexpr (kPass == Pass::recompute) store_state_t(p.h + s * kD * kD, vw, sa);
 
     // (K S)^T and (Q S)^T: B = K^T, Q^T from their row-major tiles.
     Acc ks[8] = {}, qs[8] = {};
@@ -89,7 +112,6 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
         mma(vn[nt], xa[2 * kp + 1], b[2], b[3]);
       }
 
-    const ChunkInfo info = p.chunks[cid];
     if constexpr (kOutput) {  // O^T = (Q S)^T diag(scale e) + Vn^T P^T
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt)
@@ -107,9 +129,10 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
           mma(qs[nt], va[2 * kp], b[0], b[1]);
           mma(qs[nt], va[2 * kp + 1], b[2], b[3]);
         }
+      const ChunkInfo info = p.chunks[cid];
       In* o = static_cast<In*>(p.o) + v_row(p, info.b, info.t0, hv) * kD + vw;
       store_tokens<In>(qs, staging, o, static_cast<long long>(p.HV) * kD, info.len);
-    } else {
+    } else if constexpr (kPass == Pass::recompute) {
       store_tokens<bf16>(vn, staging, p.vn + s * kC * kD + vw, kD, kC);
     }
 
@@ -135,23 +158,32 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
     __syncthreads();
   }
   cp_async_wait<0>();
-  if (p.ht) store_state(p.ht + (static_cast<long long>(n) * p.HV + hv) * kD * kD, vw, S);
+  if (kSummary)
+    store_state(transfer       ? segment_matrix(p.seg_transfer, p, blockIdx.z, hv)
+                : seg.is_first ? segment_matrix(p.seg_state, p, blockIdx.z + 1, hv)
+                               : segment_matrix(p.seg_local, p, blockIdx.z, hv),
+                vw, S);
+  else if (p.ht && seg.is_last)
+    store_state(p.ht + (static_cast<long long>(seg.n) * p.HV + hv) * kD * kD, vw, S);
 }
 
 }  // namespace
 
-template <typename In, bool kOutput>
+template <typename In, Pass kPass>
 void launch_state_forward(const Params& p, cudaStream_t stream) {
-  auto kernel = state_forward_kernel<In, kOutput>;
+  auto kernel = state_forward_kernel<In, kPass>;
   GDN_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Stage::smem_bytes));
-  kernel<<<dim3(kD / kBV, p.HV, p.N), kThreads, Stage::smem_bytes, stream>>>(p);
+  const int kinds = kPass == Pass::summary ? 2 : 1;
+  kernel<<<dim3(kinds, p.HV, p.N * p.seg_count), kThreads, Stage::smem_bytes, stream>>>(p);
   GDN_CUDA_CHECK_LAUNCH();
 }
 
-template void launch_state_forward<bf16, true>(const Params&, cudaStream_t);
-template void launch_state_forward<bf16, false>(const Params&, cudaStream_t);
-template void launch_state_forward<__half, true>(const Params&, cudaStream_t);
-template void launch_state_forward<__half, false>(const Params&, cudaStream_t);
+template void launch_state_forward<bf16, Pass::output>(const Params&, cudaStream_t);
+template void launch_state_forward<bf16, Pass::recompute>(const Params&, cudaStream_t);
+template void launch_state_forward<bf16, Pass::summary>(const Params&, cudaStream_t);
+template void launch_state_forward<__half, Pass::output>(const Params&, cudaStream_t);
+template void launch_state_forward<__half, Pass::recompute>(const Params&, cudaStream_t);
+template void launch_state_forward<__half, Pass::summary>(const Params&, cudaStream_t);
 
 }  // namespace gdn::cuda

@@ -1,22 +1,27 @@
 #pragma once
 // What the two chunk-serial state passes (state_forward.cu, state_backward.cu) share.
 //
-// A block owns kBV columns of V of one (sequence, value head); each of its warps owns 16 of
-// them and keeps its 16 x 128 slice of the state transposed (S^T, or dS^T) as f32 mma
-// accumulators: every product of a chunk then takes the state from registers (research/
-// kernels.md 6.1), and a warp never waits for another. The block streams the chunk's tiles
-// (K, Q, A, P, the V or dO slice, G, beta) through kStages cp.async buffers.
+// A block owns one (segment of a sequence, value head); each of its 8 warps owns 16 columns of
+// V and keeps its 16 x 128 slice of the state transposed (S^T, or dS^T) as f32 mma accumulators:
+// every product of a chunk then takes the state from registers (research/kernels.md 6.1), and a
+// warp never waits for another. The block streams the chunk's tiles (K, Q, A, P, V or dO, G,
+// beta) through kStages cp.async buffers.
+//
+// A sequence's chunks are cut into p.seg_count segments of p.seg_len chunks (delta_rule.cu picks
+// the count so that the blocks fill the GPU). The segments run in parallel from states that the
+// affine summaries of spec 4 provide: per segment, the local state from zero and the K x K transfer
+// matrix (state_forward's summary mode), composed serially by combine.cu.
 #include "cuda/mma.cuh"
 #include "cuda/params.cuh"
 
 namespace gdn::cuda::state_pass {
 
-constexpr int kWarps = 2;
+constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kBV = 16 * kWarps;  // V columns per block
 constexpr int kLdV = kBV + 8;     // 16-bit row stride of the V (or dO) slice
 constexpr int kLdO = 24;          // 16-bit row stride of a warp's 64 x 16 staging tile
-constexpr int kStages = 3;
+constexpr int kStages = 2;
 
 // One stage's tiles, in bytes from the stage's start.
 struct Stage {
@@ -32,6 +37,23 @@ struct Stage {
   static constexpr int smem_bytes = staging + kWarps * kC * kLdO * 2;
 };
 static_assert(Stage::bytes % 128 == 0);
+
+// Segment k = z % seg_count of sequence n = z / seg_count (blockIdx.z = z): its chunk slots first
+// .. first + chunks - 1 (chunks <= 0: past the sequence's end), and whether it is the sequence's
+// first or last.
+struct Segment {
+  int n, k, first, chunks;
+  bool is_first, is_last;
+};
+__device__ inline Segment segment(const Params& p, int z) {
+  const int n = z / p.seg_count, k = z % p.seg_count, begin = p.chunk_begin[n] + k * p.seg_len;
+  const int end = min(p.chunk_begin[n + 1], begin + p.seg_len);
+  return {n, k, begin, end - begin, k == 0, end == p.chunk_begin[n + 1]};
+}
+// The [K][V] f32 matrix of (segment z, value head hv) in a per-segment buffer.
+__device__ inline float* segment_matrix(float* base, const Params& p, int z, int hv) {
+  return base + (static_cast<long long>(z) * p.HV + hv) * kD * kD;
+}
 
 struct Tiles {
   const bf16 *k, *q, *a, *pm;
@@ -117,6 +139,15 @@ __device__ inline void load_state(Acc (&acc)[16], const float* src, int vw) {
 #pragma unroll
     for (int e = 0; e < 4; ++e)
       acc[nt][e] = src ? src[(8 * nt + c + e % 2) * kD + vw + g + 8 * (e / 2)] : 0.0f;
+}
+// The identity, as this warp's slice of a transposed state.
+__device__ inline void load_identity(Acc (&acc)[16], int vw) {
+  const int g = threadIdx.x % 32 / 4, c = 2 * (threadIdx.x % 4);
+#pragma unroll
+  for (int nt = 0; nt < 16; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      acc[nt][e] = 8 * nt + c + e % 2 == vw + g + 8 * (e / 2) ? 1.0f : 0.0f;
 }
 __device__ inline void store_state(float* dst, int vw, const Acc (&acc)[16]) {
   const int g = threadIdx.x % 32 / 4, c = 2 * (threadIdx.x % 4);
