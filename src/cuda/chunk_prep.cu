@@ -64,17 +64,17 @@ __device__ inline void invert_unit_lower(const float* l, const bf16* lb, bf16* a
     if (i < 4) {
       Acc y[2] = {};  // Y^T = sum_m A_mj^T L_im^T
       for (int m = j; m < i; ++m) {
-        std::uint32_t a[4], b0[4], b1[4];
+        std::uint32_t a[4], b0[2], b1[2];
         ldmatrix_x4_trans(a, a_rows_km(ab, kLdH64, 16 * j, 16 * m));
-        ldmatrix_x4(b0, b_rows_nk(lb, kLdH64, 16 * i, 16 * m));
-        ldmatrix_x4(b1, b_rows_nk(lb, kLdH64, 16 * i + 8, 16 * m));
+        ldmatrix_x2(b0, b_rows_nk(lb, kLdH64, 16 * i, 16 * m));
+        ldmatrix_x2(b1, b_rows_nk(lb, kLdH64, 16 * i + 8, 16 * m));
         mma(y[0], a, b0[0], b0[1]);
         mma(y[1], a, b1[0], b1[1]);
       }
-      std::uint32_t ya[4], b0[4], b1[4];
+      std::uint32_t ya[4], b0[2], b1[2];
       acc_to_a(ya, y, 0, [](int) { return -1.0f; });
-      ldmatrix_x4(b0, b_rows_nk(ab, kLdH64, 16 * i, 16 * i));
-      ldmatrix_x4(b1, b_rows_nk(ab, kLdH64, 16 * i + 8, 16 * i));
+      ldmatrix_x2(b0, b_rows_nk(ab, kLdH64, 16 * i, 16 * i));
+      ldmatrix_x2(b1, b_rows_nk(ab, kLdH64, 16 * i + 8, 16 * i));
       Acc x[2] = {};  // A_ij^T = -Y^T A_ii^T
       mma(x[0], ya, b0[0], b0[1]);
       mma(x[1], ya, b1[0], b1[1]);

@@ -47,6 +47,12 @@ __device__ inline void ldmatrix_x4(std::uint32_t (&r)[4], const void* row) {
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem_address(row)));
 }
+// Two matrices (lanes 0..15 give the addresses): one B fragment of b_rows_nk's first k-tile.
+__device__ inline void ldmatrix_x2(std::uint32_t (&r)[2], const void* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(smem_address(row)));
+}
 __device__ inline void ldmatrix_x4_trans(std::uint32_t (&r)[4], const void* row) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
