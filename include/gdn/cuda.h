@@ -24,8 +24,8 @@ struct CudaContext {
   TensorRef cu_seqlens_host;
 };
 
-// Workspace bytes for a forward or a backward of these inputs (shapes only; data is not read,
-// except cu_seqlens_host for varlen).
+// Workspace bytes for a forward or a backward of these inputs on the current device (shapes and
+// the device's multiprocessor count only; data is not read, except cu_seqlens_host for varlen).
 std::size_t delta_rule_forward_cuda_workspace(const DeltaRuleInputs& in,
                                               const TensorRef& cu_seqlens_host = {});
 std::size_t delta_rule_backward_cuda_workspace(const DeltaRuleInputs& in,
