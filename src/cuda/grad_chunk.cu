@@ -140,17 +140,8 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
   Acc dk[8] = {};
   {
     std::uint32_t a[8][4];
-#pragma unroll
-    for (int kt = 0; kt < 8; ++kt) ldmatrix_x4(a[kt], a_rows_mk(vn, kLdH, r0, 16 * kt));
-#pragma unroll
-    for (int kt = 0; kt < 8; ++kt)
-#pragma unroll
-      for (int np = 0; np < 4; ++np) {
-        std::uint32_t b[4];
-        ldmatrix_x4_trans(b, b_rows_kn(st, kLdH, 16 * kt, 64 * half + 16 * np));
-        mma(dk[2 * np], a[kt], b[0], b[1]);
-        mma(dk[2 * np + 1], a[kt], b[2], b[3]);
-      }
+    load_a_mk(a, vn, kLdH, r0);
+    mma_kn(dk, a, st, kLdH, 64 * half);
     const int i_lo = r0 + g, i_hi = i_lo + 8;
     const float f_lo = __expf(g_last - G[i_lo]), f_hi = __expf(g_last - G[i_hi]);
     float lo = 0, hi = 0;
@@ -176,17 +167,10 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
 
   // dR = A^T dVn; dv = diag(beta) dR; db_i += V_i . dR_i; then -dR replaces dVn.
   Acc dr[8] = {};
-#pragma unroll
-  for (int kt = 0; kt < 4; ++kt) {
-    std::uint32_t a[4];
-    ldmatrix_x4_trans(a, a_rows_km(ab, kLdH64, r0, 16 * kt));
-#pragma unroll
-    for (int np = 0; np < 4; ++np) {
-      std::uint32_t b[4];
-      ldmatrix_x4_trans(b, b_rows_kn(dvn, kLdH, 16 * kt, 64 * half + 16 * np));
-      mma(dr[2 * np], a, b[0], b[1]);
-      mma(dr[2 * np + 1], a, b[2], b[3]);
-    }
+  {
+    std::uint32_t a[4][4];
+    load_a_km(a, ab, kLdH64, r0);
+    mma_kn(dr, a, dvn, kLdH, 64 * half);
   }
   {
     const In* v = static_cast<const In*>(p.v) + vrow * kD;
@@ -222,25 +206,11 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
   // terms t = dP * P to dG.
   // out1 = a1 Vn^T, out2 = a2 K^T for the 32 columns of this half.
   auto products = [&](const bf16* a1, const bf16* a2, Acc(&out1)[4], Acc(&out2)[4]) {
-#pragma unroll
-    for (int kp = 0; kp < 4; ++kp) {
-      std::uint32_t f1[2][4], f2[2][4];
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        ldmatrix_x4(f1[j], a_rows_mk(a1, kLdH, r0, 32 * kp + 16 * j));
-        ldmatrix_x4(f2[j], a_rows_mk(a2, kLdH, r0, 32 * kp + 16 * j));
-      }
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt) {
-        std::uint32_t b[4];
-        ldmatrix_x4(b, b_rows_nk(vn, kLdH, 32 * half + 8 * nt, 32 * kp));
-        mma(out1[nt], f1[0], b[0], b[1]);
-        mma(out1[nt], f1[1], b[2], b[3]);
-        ldmatrix_x4(b, b_rows_nk(ks, kLdH, 32 * half + 8 * nt, 32 * kp));
-        mma(out2[nt], f2[0], b[0], b[1]);
-        mma(out2[nt], f2[1], b[2], b[3]);
-      }
-    }
+    std::uint32_t f[8][4];
+    load_a_mk(f, a1, kLdH, r0);
+    mma_nk(out1, f, vn, kLdH, 32 * half);
+    load_a_mk(f, a2, kLdH, r0);
+    mma_nk(out2, f, ks, kLdH, 32 * half);
   };
   auto decay = [&](int i, int j) { return j <= i ? __expf(G[i] - G[j]) : 0.0f; };
 
@@ -350,18 +320,9 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
     const bf16* a_src = which ? dos : ndr;
     const bf16* x_src = which ? qs : ks;
     Acc x[8] = {};
-#pragma unroll
-    for (int kt = 0; kt < 8; ++kt) {
-      std::uint32_t a[4];
-      ldmatrix_x4(a, a_rows_mk(a_src, kLdH, r0, 16 * kt));
-#pragma unroll
-      for (int np = 0; np < 4; ++np) {
-        std::uint32_t b[4];
-        ldmatrix_x4_trans(b, b_rows_kn(st, kLdH, 16 * kt, 64 * half + 16 * np));
-        mma(x[2 * np], a, b[0], b[1]);
-        mma(x[2 * np + 1], a, b[2], b[3]);
-      }
-    }
+    std::uint32_t a[8][4];
+    load_a_mk(a, a_src, kLdH, r0);
+    mma_kn(x, a, st, kLdH, 64 * half);
     const float scale = which ? p.scale : 1.0f;
     float lo = 0, hi = 0;
 #pragma unroll

@@ -116,4 +116,47 @@ __device__ inline T* a_rows_km(T* base, int ld, int m0, int k0) {
   return base + (k0 + (m >> 1) * 8 + l % 8) * ld + m0 + (m & 1) * 8;
 }
 
+// The A fragments of rows m0 .. m0 + 15 and KT k-tiles of X (stored X[m][k]), or of X^T
+// (X stored X[k][m], with .trans).
+template <int KT>
+__device__ inline void load_a_mk(std::uint32_t (&a)[KT][4], const bf16* x, int ld, int m0) {
+#pragma unroll
+  for (int kt = 0; kt < KT; ++kt) ldmatrix_x4(a[kt], a_rows_mk(x, ld, m0, 16 * kt));
+}
+template <int KT>
+__device__ inline void load_a_km(std::uint32_t (&a)[KT][4], const bf16* x, int ld, int m0) {
+#pragma unroll
+  for (int kt = 0; kt < KT; ++kt) ldmatrix_x4_trans(a[kt], a_rows_km(x, ld, m0, 16 * kt));
+}
+
+// acc[nt] += a B for the 8-column tiles nt of B (columns n0 + 8 nt ..), a holding KT k-tiles:
+// mma_nk when B = X^T for a tile X stored with B's n as rows (X[n][k]), mma_kn when B = X for
+// a tile stored with B's k as rows (X[k][n]).
+template <int N, int KT>
+__device__ inline void mma_nk(Acc (&acc)[N], const std::uint32_t (&a)[KT][4], const bf16* x, int ld,
+                              int n0 = 0) {
+#pragma unroll
+  for (int nt = 0; nt < N; ++nt)
+#pragma unroll
+    for (int kp = 0; kp < KT / 2; ++kp) {
+      std::uint32_t b[4];
+      ldmatrix_x4(b, b_rows_nk(x, ld, n0 + 8 * nt, 32 * kp));
+      mma(acc[nt], a[2 * kp], b[0], b[1]);
+      mma(acc[nt], a[2 * kp + 1], b[2], b[3]);
+    }
+}
+template <int N, int KT>
+__device__ inline void mma_kn(Acc (&acc)[N], const std::uint32_t (&a)[KT][4], const bf16* x, int ld,
+                              int n0 = 0) {
+#pragma unroll
+  for (int kt = 0; kt < KT; ++kt)
+#pragma unroll
+    for (int np = 0; np < N / 2; ++np) {
+      std::uint32_t b[4];
+      ldmatrix_x4_trans(b, b_rows_kn(x, ld, 16 * kt, n0 + 16 * np));
+      mma(acc[2 * np], a[kt], b[0], b[1]);
+      mma(acc[2 * np + 1], a[kt], b[2], b[3]);
+    }
+}
+
 }  // namespace gdn::cuda

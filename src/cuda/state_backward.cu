@@ -37,8 +37,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_backward_kernel(Params p) {
   if (kSummary && !seg.is_last)
     load_state(dS, nullptr, vw);
   else if (seg.is_last)
-    load_state(dS, p.dht ? p.dht + (static_cast<long long>(seg.n) * p.HV + hv) * kD * kD : nullptr,
-               vw);
+    load_state(dS, sequence_matrix(p.dht, p, seg.n, hv), vw);
   else
     load_state(dS, segment_matrix(p.seg_dstate, p, blockIdx.z, hv), vw);
   for (int step = 0; step < kStages - 1; ++step) prefetch_step(step);
@@ -56,15 +55,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_backward_kernel(Params p) {
 
     // dVn^T = (dS^T K^T) diag(f) + dO^T P.
     Acc dvn[8] = {};
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int kp = 0; kp < 4; ++kp) {
-        std::uint32_t b[4];
-        ldmatrix_x4(b, b_rows_nk(t.k, kLdH, 8 * nt, 32 * kp));
-        mma(dvn[nt], da[2 * kp], b[0], b[1]);
-        mma(dvn[nt], da[2 * kp + 1], b[2], b[3]);
-      }
+    mma_nk(dvn, da, t.k, kLdH);
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
@@ -86,15 +77,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_backward_kernel(Params p) {
       sa[kt][2] = pack_bf16(e8 * d[2].x, e9 * d[2].y);
       sa[kt][3] = pack_bf16(e8 * d[3].x, e9 * d[3].y);
     }
-#pragma unroll
-    for (int kt = 0; kt < 4; ++kt)
-#pragma unroll
-      for (int np = 0; np < 4; ++np) {
-        std::uint32_t b[4];
-        ldmatrix_x4_trans(b, b_rows_kn(t.pm, kLdH64, 16 * kt, 16 * np));
-        mma(dvn[2 * np], oa[kt], b[0], b[1]);
-        mma(dvn[2 * np + 1], oa[kt], b[2], b[3]);
-      }
+    mma_kn(dvn, oa, t.pm, kLdH64);
     if constexpr (!kSummary) store_tokens<bf16>(dvn, staging, p.dvn + s * kC * kD + vw, kD, kC);
 
     // Y = dVn^T A, then dS^T = gamma dS^T + (dO^T diag(scale e)) Q - (Y diag(beta e)) K.
@@ -102,15 +85,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_backward_kernel(Params p) {
 #pragma unroll
     for (int kt = 0; kt < 4; ++kt) acc_to_a(na[kt], dvn, kt, [](int) { return 1.0f; });
     Acc y[8] = {};
-#pragma unroll
-    for (int kt = 0; kt < 4; ++kt)
-#pragma unroll
-      for (int np = 0; np < 4; ++np) {
-        std::uint32_t b[4];
-        ldmatrix_x4_trans(b, b_rows_kn(t.a, kLdH64, 16 * kt, 16 * np));
-        mma(y[2 * np], na[kt], b[0], b[1]);
-        mma(y[2 * np + 1], na[kt], b[2], b[3]);
-      }
+    mma_kn(y, na, t.a, kLdH64);
     std::uint32_t ya[4][4];
 #pragma unroll
     for (int kt = 0; kt < 4; ++kt)
@@ -120,18 +95,8 @@ __global__ void __launch_bounds__(kThreads, 1) state_backward_kernel(Params p) {
     for (int nt = 0; nt < 16; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) dS[nt][e] *= gamma;
-#pragma unroll
-    for (int kt = 0; kt < 4; ++kt)
-#pragma unroll
-      for (int np = 0; np < 8; ++np) {
-        std::uint32_t b[4];
-        ldmatrix_x4_trans(b, b_rows_kn(t.q, kLdH, 16 * kt, 16 * np));
-        mma(dS[2 * np], sa[kt], b[0], b[1]);
-        mma(dS[2 * np + 1], sa[kt], b[2], b[3]);
-        ldmatrix_x4_trans(b, b_rows_kn(t.k, kLdH, 16 * kt, 16 * np));
-        mma(dS[2 * np], ya[kt], b[0], b[1]);
-        mma(dS[2 * np + 1], ya[kt], b[2], b[3]);
-      }
+    mma_kn(dS, sa, t.q, kLdH);
+    mma_kn(dS, ya, t.k, kLdH);
     __syncthreads();
   }
   cp_async_wait<0>();
@@ -140,7 +105,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_backward_kernel(Params p) {
                                seg.is_last ? blockIdx.z - 1 : blockIdx.z, hv),
                 vw, dS);
   else if (p.dh0 && seg.is_first)
-    store_state(p.dh0 + (static_cast<long long>(seg.n) * p.HV + hv) * kD * kD, vw, dS);
+    store_state(sequence_matrix(p.dh0, p, seg.n, hv), vw, dS);
 }
 
 }  // namespace

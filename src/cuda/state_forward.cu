@@ -47,8 +47,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
   else if (kSummary && !seg.is_first)
     load_state(S, nullptr, vw);
   else if (seg.is_first)
-    load_state(S, p.h0 ? p.h0 + (static_cast<long long>(seg.n) * p.HV + hv) * kD * kD : nullptr,
-               vw);
+    load_state(S, sequence_matrix(p.h0, p, seg.n, hv), vw);
   else
     load_state(S, segment_matrix(p.seg_state, p, blockIdx.z, hv), vw);
   for (int i = 0; i < kStages - 1; ++i) prefetch_chunk(i);
@@ -67,20 +66,8 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
 
     // (K S)^T and (Q S)^T: B = K^T, Q^T from their row-major tiles.
     Acc ks[8] = {}, qs[8] = {};
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int kp = 0; kp < 4; ++kp) {
-        std::uint32_t b[4];
-        ldmatrix_x4(b, b_rows_nk(t.k, kLdH, 8 * nt, 32 * kp));
-        mma(ks[nt], sa[2 * kp], b[0], b[1]);
-        mma(ks[nt], sa[2 * kp + 1], b[2], b[3]);
-        if constexpr (kOutput) {
-          ldmatrix_x4(b, b_rows_nk(t.q, kLdH, 8 * nt, 32 * kp));
-          mma(qs[nt], sa[2 * kp], b[0], b[1]);
-          mma(qs[nt], sa[2 * kp + 1], b[2], b[3]);
-        }
-      }
+    mma_nk(ks, sa, t.k, kLdH);
+    if constexpr (kOutput) mma_nk(qs, sa, t.q, kLdH);
 
     // X^T diag(beta) = (V^T - (K S)^T diag(e)) diag(beta), as A fragments.
     std::uint32_t xa[4][4];
@@ -102,15 +89,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
 
     // Vn^T = X^T diag(beta) A^T.
     Acc vn[8] = {};
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int kp = 0; kp < 2; ++kp) {
-        std::uint32_t b[4];
-        ldmatrix_x4(b, b_rows_nk(t.a, kLdH64, 8 * nt, 32 * kp));
-        mma(vn[nt], xa[2 * kp], b[0], b[1]);
-        mma(vn[nt], xa[2 * kp + 1], b[2], b[3]);
-      }
+    mma_nk(vn, xa, t.a, kLdH64);
 
     if constexpr (kOutput) {  // O^T = (Q S)^T diag(scale e) + Vn^T P^T
 #pragma unroll
@@ -120,15 +99,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
       std::uint32_t va[4][4];
 #pragma unroll
       for (int kt = 0; kt < 4; ++kt) acc_to_a(va[kt], vn, kt, [](int) { return 1.0f; });
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int kp = 0; kp < 2; ++kp) {
-          std::uint32_t b[4];
-          ldmatrix_x4(b, b_rows_nk(t.pm, kLdH64, 8 * nt, 32 * kp));
-          mma(qs[nt], va[2 * kp], b[0], b[1]);
-          mma(qs[nt], va[2 * kp + 1], b[2], b[3]);
-        }
+      mma_nk(qs, va, t.pm, kLdH64);
       const ChunkInfo info = p.chunks[cid];
       In* o = static_cast<In*>(p.o) + v_row(p, info.b, info.t0, hv) * kD + vw;
       store_tokens<In>(qs, staging, o, static_cast<long long>(p.HV) * kD, info.len);
@@ -146,15 +117,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
     for (int nt = 0; nt < 16; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) S[nt][e] *= gamma;
-#pragma unroll
-    for (int kt = 0; kt < 4; ++kt)
-#pragma unroll
-      for (int np = 0; np < 8; ++np) {
-        std::uint32_t b[4];
-        ldmatrix_x4_trans(b, b_rows_kn(t.k, kLdH, 16 * kt, 16 * np));
-        mma(S[2 * np], fa[kt], b[0], b[1]);
-        mma(S[2 * np + 1], fa[kt], b[2], b[3]);
-      }
+    mma_kn(S, fa, t.k, kLdH);
     __syncthreads();
   }
   cp_async_wait<0>();
@@ -164,7 +127,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
                                : segment_matrix(p.seg_local, p, blockIdx.z, hv),
                 vw, S);
   else if (p.ht && seg.is_last)
-    store_state(p.ht + (static_cast<long long>(seg.n) * p.HV + hv) * kD * kD, vw, S);
+    store_state(sequence_matrix(p.ht, p, seg.n, hv), vw, S);
 }
 
 }  // namespace

@@ -50,6 +50,12 @@ __device__ inline Segment segment(const Params& p, int z) {
   const int end = min(p.chunk_begin[n + 1], begin + p.seg_len);
   return {n, k, begin, end - begin, k == 0, end == p.chunk_begin[n + 1]};
 }
+// The [K][V] f32 matrix of (sequence n, value head hv) in an optional per-sequence tensor
+// (h0, the final state and their gradients), null when the tensor is not given.
+template <typename T>
+__device__ inline T* sequence_matrix(T* base, const Params& p, int n, int hv) {
+  return base ? base + (static_cast<long long>(n) * p.HV + hv) * kD * kD : nullptr;
+}
 // The [K][V] f32 matrix of (segment z, value head hv) in a per-segment buffer.
 __device__ inline float* segment_matrix(float* base, const Params& p, int z, int hv) {
   return base + (static_cast<long long>(z) * p.HV + hv) * kD * kD;
