@@ -115,12 +115,14 @@ void bench(std::int64_t B, std::int64_t T, std::int64_t HK, std::int64_t HV) {
   };
   const gdn::DeltaRuleOutputs out{ref(o, DType::bf16, {B, T, HV, V}),
                                   ref(ht, DType::f32, {B, HV, K, V})};
+  // The backward reads the forward's workspace (the training path).
   const std::size_t ws_fwd = gdn::delta_rule_forward_cuda_workspace(inputs(0));
-  const std::size_t ws_bwd = gdn::delta_rule_backward_cuda_workspace(inputs(0));
-  Buffer ws(std::max(ws_fwd, ws_bwd));
+  const std::size_t ws_bwd = gdn::delta_rule_backward_cuda_workspace(inputs(0), {}, true);
+  Buffer ws(ws_fwd), ws_back(ws_bwd);
   cudaStream_t stream;
   GDN_CUDA_CHECK(cudaStreamCreate(&stream));
   gdn::CudaContext ctx{stream, ws.data, ws.bytes, {}};
+  gdn::CudaContext back{stream, ws_back.data, ws_back.bytes, {}, ws.data, ws.bytes};
 
   const double fwd =
       median_ms([&](int i) { gdn::delta_rule_forward_cuda(inputs(i), out, ctx); }, stream);
@@ -136,7 +138,7 @@ void bench(std::int64_t B, std::int64_t T, std::int64_t HK, std::int64_t HV) {
                                      ref(dg, DType::f32, {B, T, HV}),
                                      ref(dbeta, DType::bf16, {B, T, HV}),
                                      {}};
-        gdn::delta_rule_backward_cuda(in, gr, ctx);
+        gdn::delta_rule_backward_cuda(in, gr, back);
       },
       stream);
   const double chunks = static_cast<double>(B * HV * ((T + C - 1) / C));
@@ -145,7 +147,8 @@ void bench(std::int64_t B, std::int64_t T, std::int64_t HK, std::int64_t HV) {
   const double io = 2.0 * (2 * qk + vv + gate) * 2 / 2 + gate * 4 + vv * 2;  // in + o bytes
   std::printf(
       "gdn-cuda B=%lld T=%lld HK=%lld HV=%lld: fwd %.3f ms (%.1f TFLOP/s, workspace %.2f GiB) | "
-      "fwd+bwd %.3f ms (%.1f TFLOP/s at 4F, workspace %.2f GiB) | inputs+outputs %.2f GiB\n",
+      "fwd+bwd %.3f ms (%.1f TFLOP/s at 4F, + backward workspace %.2f GiB) | inputs+outputs %.2f "
+      "GiB\n",
       static_cast<long long>(B), static_cast<long long>(T), static_cast<long long>(HK),
       static_cast<long long>(HV), fwd, flops / fwd / 1e9, ws_fwd / 1073741824.0, fwd_bwd,
       4 * flops / fwd_bwd / 1e9, ws_bwd / 1073741824.0, io / 1073741824.0);

@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -55,7 +56,8 @@ struct DeviceTensor {
   }
 };
 
-void check_problem(const Problem& p) {
+// With reuse_forward, the backward reads the forward's workspace instead of recomputing it.
+void check_problem(const Problem& p, bool reuse_forward = false) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   ProblemData data = generate(p);
   ProblemResults ref = allocate_results(p, DType::f64);
@@ -76,15 +78,27 @@ void check_problem(const Problem& p) {
 
   CudaContext ctx;
   ctx.cu_seqlens_host = data.cu_seqlens.bytes.empty() ? TensorRef{} : data.cu_seqlens.ref();
-  const std::size_t bytes = std::max(delta_rule_forward_cuda_workspace(in, ctx.cu_seqlens_host),
-                                     delta_rule_backward_cuda_workspace(in, ctx.cu_seqlens_host));
-  GDN_CUDA_CHECK(cudaMalloc(&ctx.workspace, bytes));
-  ctx.workspace_bytes = bytes;
+  const std::size_t forward_bytes = delta_rule_forward_cuda_workspace(in, ctx.cu_seqlens_host);
+  const std::size_t backward_bytes =
+      delta_rule_backward_cuda_workspace(in, ctx.cu_seqlens_host, reuse_forward);
+  void* forward_workspace = nullptr;
+  void* backward_workspace = nullptr;
+  GDN_CUDA_CHECK(cudaMalloc(&forward_workspace, forward_bytes));
+  GDN_CUDA_CHECK(cudaMalloc(&backward_workspace, std::max(forward_bytes, backward_bytes)));
+  ctx.workspace = forward_workspace;
+  ctx.workspace_bytes = forward_bytes;
   delta_rule_forward_cuda(in, {o.ref, ht.ref}, ctx);
+  ctx.workspace = backward_workspace;
+  ctx.workspace_bytes = std::max(forward_bytes, backward_bytes);
+  if (reuse_forward) {
+    ctx.forward_workspace = forward_workspace;
+    ctx.forward_workspace_bytes = forward_bytes;
+  }
   DeltaRuleGrads gr{d_o.ref, dht.ref, dq.ref, dk.ref, dv.ref, dg.ref, dbeta.ref, dh0.ref};
   delta_rule_backward_cuda(in, gr, ctx);
   GDN_CUDA_CHECK(cudaDeviceSynchronize());
-  GDN_CUDA_CHECK(cudaFree(ctx.workspace));
+  GDN_CUDA_CHECK(cudaFree(forward_workspace));
+  GDN_CUDA_CHECK(cudaFree(backward_workspace));
 
   struct Item {
     const char* name;
@@ -107,10 +121,10 @@ void check_problem(const Problem& p) {
     line += std::string(" ") + item.name + " " + std::to_string(err);
     EXPECT_LE(err, item.tol) << item.name;
   }
-  std::printf("[ errors   ] T=%lld HK=%lld HV=%lld B=%lld varlen=%d:%s\n",
+  std::printf("[ errors   ] T=%lld HK=%lld HV=%lld B=%lld varlen=%d reuse=%d:%s\n",
               static_cast<long long>(p.T), static_cast<long long>(p.HK),
               static_cast<long long>(p.HV), static_cast<long long>(p.B), !p.seqlens.empty(),
-              line.c_str());
+              reuse_forward, line.c_str());
 }
 
 Problem base(std::int64_t T, std::int64_t HK, std::int64_t HV) {
@@ -144,6 +158,15 @@ TEST(CudaDeltaRule, Varlen) {
   for (auto n : p.seqlens) p.T += n;
   check_problem(p);
 }
+
+// The backward reading the forward's workspace: one sequence in 16 segments, and varlen.
+TEST(CudaDeltaRule, BackwardReusesForward) {
+  check_problem(base(4096, 1, 2), true);
+  Problem p = base(0, 2, 4);
+  p.seqlens = {700, 63, 1000};
+  for (auto n : p.seqlens) p.T += n;
+  check_problem(p, true);
+}
 TEST(CudaDeltaRule, F16) {
   Problem p = base(500, 2, 2);
   p.dtype = DType::f16;
@@ -163,6 +186,27 @@ TEST(CudaDeltaRule, RejectsUnsupportedShapes) {
     ADD_FAILURE() << "chunk_size 32 was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("chunk_size"), std::string::npos) << e.what();
+  }
+}
+
+TEST(CudaDeltaRule, RejectsWorkspaceThatIsTheForwards) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  ProblemData data = generate(base(64, 1, 1));
+  const DeltaRuleInputs in = data.inputs();
+  ProblemResults r = allocate_results(base(64, 1, 1), DType::bf16);
+  r.dg = HostTensor::zeros(DType::f32, r.dg.shape);
+  r.dbeta = HostTensor::zeros(data.beta.dtype, r.dbeta.shape);
+  r.dh0 = HostTensor::zeros(DType::f32, r.dh0.shape);
+  const DeltaRuleGrads gr = r.grads(data);
+  CudaContext ctx;  // nothing is launched: the buffers are checked first
+  ctx.workspace = reinterpret_cast<void*>(std::uintptr_t{1} << 20);
+  ctx.forward_workspace = ctx.workspace;
+  ctx.workspace_bytes = ctx.forward_workspace_bytes = std::size_t{1} << 40;
+  try {
+    delta_rule_backward_cuda(in, gr, ctx);
+    ADD_FAILURE() << "a shared workspace was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("forward_workspace"), std::string::npos) << e.what();
   }
 }
 

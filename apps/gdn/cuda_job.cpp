@@ -72,15 +72,22 @@ ProblemResults run_on_cuda(const ProblemData& data, bool backward, CudaTimes& ti
   const DeviceTensor o(results.o), ht(results.final_state), dq(results.dq), dk(results.dk),
       dv(results.dv), dg(results.dg), dbeta(results.dbeta), dh0(results.dh0);
 
-  CudaContext ctx;
+  // The backward reads the forward's workspace (the training path: nothing recomputed twice).
+  CudaContext ctx, back;
   ctx.cu_seqlens_host = data.cu_seqlens.bytes.empty() ? TensorRef{} : data.cu_seqlens.ref();
   ctx.workspace_bytes = delta_rule_forward_cuda_workspace(in, ctx.cu_seqlens_host);
-  if (backward)
-    ctx.workspace_bytes =
-        std::max(ctx.workspace_bytes, delta_rule_backward_cuda_workspace(in, ctx.cu_seqlens_host));
-  const DeviceTensor workspace(
-      HostTensor::zeros(DType::f32, {static_cast<std::int64_t>(ctx.workspace_bytes / 4 + 1)}));
+  back.cu_seqlens_host = ctx.cu_seqlens_host;
+  back.workspace_bytes =
+      backward ? delta_rule_backward_cuda_workspace(in, ctx.cu_seqlens_host, true) : 0;
+  auto device_bytes = [](std::size_t bytes) {
+    return DeviceTensor(HostTensor::zeros(DType::f32, {static_cast<std::int64_t>(bytes / 4 + 1)}));
+  };
+  const DeviceTensor workspace = device_bytes(ctx.workspace_bytes);
+  const DeviceTensor backward_workspace = device_bytes(back.workspace_bytes);
   ctx.workspace = workspace.ref.data;
+  back.workspace = backward_workspace.ref.data;
+  back.forward_workspace = ctx.workspace;
+  back.forward_workspace_bytes = ctx.workspace_bytes;
 
   const DeltaRuleOutputs out{o.ref, ht.ref};
   DeltaRuleGrads grads;
@@ -88,7 +95,8 @@ ProblemResults run_on_cuda(const ProblemData& data, bool backward, CudaTimes& ti
   grads.dv = dv.ref, grads.dg = dg.ref, grads.dbeta = dbeta.ref, grads.dh0 = dh0.ref;
   for (int timed = 0; timed < 2; ++timed) {  // the first call of each warms up
     times.forward_ms = elapsed_ms([&] { delta_rule_forward_cuda(in, out, ctx); });
-    if (backward) times.backward_ms = elapsed_ms([&] { delta_rule_backward_cuda(in, grads, ctx); });
+    if (backward)
+      times.backward_ms = elapsed_ms([&] { delta_rule_backward_cuda(in, grads, back); });
   }
   check(cudaDeviceSynchronize(), "the CUDA op");
   for (auto [device, host] : {std::pair{&o, &results.o}, {&ht, &results.final_state}})

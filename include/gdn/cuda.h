@@ -22,6 +22,11 @@ struct CudaContext {
   // With varlen, a host copy of inputs.cu_seqlens ([N + 1], i32 or i64): the shapes are
   // validated from it without a device-to-host copy (the kernels read the device copy).
   TensorRef cu_seqlens_host;
+  // Backward only, optional: the workspace of the forward of these same inputs, as that forward
+  // left it. The backward then reads the forward's intermediates instead of recomputing them
+  // (and never writes there), and needs only the workspace queried with reuse_forward = true.
+  const void* forward_workspace = nullptr;
+  std::size_t forward_workspace_bytes = 0;
 };
 
 // Workspace bytes for a forward or a backward of these inputs on the current device (shapes and
@@ -29,12 +34,14 @@ struct CudaContext {
 std::size_t delta_rule_forward_cuda_workspace(const DeltaRuleInputs& in,
                                               const TensorRef& cu_seqlens_host = {});
 std::size_t delta_rule_backward_cuda_workspace(const DeltaRuleInputs& in,
-                                               const TensorRef& cu_seqlens_host = {});
+                                               const TensorRef& cu_seqlens_host = {},
+                                               bool reuse_forward = false);
 
 // o (and final_state when given) from the inputs. Throws gdn::Error naming a bad argument.
 void delta_rule_forward_cuda(const DeltaRuleInputs& in, const DeltaRuleOutputs& out,
                              const CudaContext& ctx);
-// Every gradient; recomputes the forward's intermediates in the workspace (nothing is saved).
+// Every gradient; recomputes the forward's intermediates in the workspace unless
+// ctx.forward_workspace holds them.
 void delta_rule_backward_cuda(const DeltaRuleInputs& in, const DeltaRuleGrads& grads,
                               const CudaContext& ctx);
 

@@ -31,7 +31,7 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(Params p) {
   for (int step = 1; step < last; ++step) {
     const int k = kReverse ? last - step : step, z = z0 + k;
     const float* M = segment_matrix(p.seg_transfer, p, z, hv);
-    const float* local = segment_matrix(p.seg_local, p, z, hv);
+    const float* local = segment_matrix(kReverse ? p.seg_dlocal : p.seg_local, p, z, hv);
     float acc[kCols];
 #pragma unroll
     for (int jj = 0; jj < kCols; ++jj) acc[jj] = local[i * kD + j0 + jt + jj];

@@ -97,7 +97,7 @@ void choose_segments(std::int64_t heads, std::int64_t longest, cuda::Params& p) 
   p.seg_count = static_cast<int>(std::max<std::int64_t>(1, (longest + seg - 1) / seg));
 }
 
-// The workspace, carved in 256-byte aligned pieces; with base == nullptr it only counts.
+// A workspace, carved in 256-byte aligned pieces; with base == nullptr it only counts.
 struct Carver {
   char* base;
   std::size_t used = 0;
@@ -109,9 +109,13 @@ struct Carver {
   }
 };
 
-// Fills the params' shapes, inputs and workspace pointers; returns the bytes used.
+// Fills the params' shapes, inputs and workspace pointers; returns the bytes used in
+// `workspace`. The forward's intermediates come first; a backward given the forward's
+// workspace (forward_workspace) takes them from there and only its own buffers from
+// `workspace` (the kernels that write them are then not launched).
 std::size_t plan(const DeltaRuleInputs& in, const DeltaRuleShape& s, ChunkCount chunks,
-                 bool backward, void* workspace, cuda::Params& p) {
+                 bool backward, void* workspace, const void* forward_workspace, bool reuse,
+                 cuda::Params& p) {
   const std::int64_t NC = chunks.total;
   p = cuda::Params{};
   p.B = static_cast<int>(s.B);
@@ -133,7 +137,9 @@ std::size_t plan(const DeltaRuleInputs& in, const DeltaRuleShape& s, ChunkCount 
   p.cu_seqlens = in.cu_seqlens.data;
   p.cu_seqlens_i64 = in.cu_seqlens.dtype == DType::i64;
 
-  Carver c{static_cast<char*>(workspace)};
+  // const_cast: with reuse, nothing writes the forward's part.
+  Carver c{reuse ? const_cast<char*>(static_cast<const char*>(forward_workspace))
+                 : static_cast<char*>(workspace)};
   const std::int64_t tokens = s.B * s.T, slots = NC * s.HV;
   p.chunks = c.take<cuda::ChunkInfo>(NC);
   p.chunk_begin = c.take<int>(s.N + 1);
@@ -147,30 +153,35 @@ std::size_t plan(const DeltaRuleInputs& in, const DeltaRuleShape& s, ChunkCount 
   p.bt = c.take<float>(slots * kC);
   p.A = c.take<bf16>(slots * kC * kC);
   p.P = c.take<bf16>(slots * kC * kC);
+  const std::int64_t matrices = s.N * p.seg_count * s.HV * kD * kD;
   if (p.seg_count > 1) {
-    const std::int64_t matrices = s.N * p.seg_count * s.HV * kD * kD;
     p.seg_local = c.take<float>(matrices);
     p.seg_transfer = c.take<float>(matrices);
     p.seg_state = c.take<float>(matrices);
-    if (backward) p.seg_dstate = c.take<float>(matrices);
   }
-  if (backward) {
-    p.h = c.take<bf16>(slots * kD * kD);
-    p.vn = c.take<bf16>(slots * kC * kD);
-    p.dh = c.take<bf16>(slots * kD * kD);
-    p.dvn = c.take<bf16>(slots * kC * kD);
-    p.dq_hv = c.take<float>(tokens * s.HV * kD);
-    p.dk_hv = c.take<float>(tokens * s.HV * kD);
+  if (!backward) return c.used;
+  Carver b{static_cast<char*>(workspace), reuse ? 0 : c.used};
+  if (p.seg_count > 1) {
+    p.seg_dlocal = b.take<float>(matrices);
+    p.seg_dstate = b.take<float>(matrices);
   }
-  return c.used;
+  p.h = b.take<bf16>(slots * kD * kD);
+  p.vn = b.take<bf16>(slots * kC * kD);
+  p.dh = b.take<bf16>(slots * kD * kD);
+  p.dvn = b.take<bf16>(slots * kC * kD);
+  p.dq_hv = b.take<float>(tokens * s.HV * kD);
+  p.dk_hv = b.take<float>(tokens * s.HV * kD);
+  return b.used;
 }
 
-void check_workspace(const CudaContext& ctx, std::size_t needed) {
-  if (ctx.workspace == nullptr || ctx.workspace_bytes < needed)
-    throw Error("workspace: needs " + std::to_string(needed) + " bytes of device memory, got " +
-                std::to_string(ctx.workspace_bytes) + (ctx.workspace ? "" : " (nullptr)"));
-  if (reinterpret_cast<std::uintptr_t>(ctx.workspace) % 256 != 0)
-    throw Error("workspace must be 256-byte aligned");
+void check_workspace(const char* name, const void* workspace, std::size_t bytes,
+                     std::size_t needed) {
+  if (workspace == nullptr || bytes < needed)
+    throw Error(std::string(name) + ": needs " + std::to_string(needed) +
+                " bytes of device memory, got " + std::to_string(bytes) +
+                (workspace ? "" : " (nullptr)"));
+  if (reinterpret_cast<std::uintptr_t>(workspace) % 256 != 0)
+    throw Error(std::string(name) + " must be 256-byte aligned");
 }
 
 // The state entering every segment (state_pass.cuh), from the summaries and their composition.
@@ -190,10 +201,12 @@ void run_forward(const cuda::Params& p, cudaStream_t stream) {
 }
 
 template <typename In>
-void run_backward(const cuda::Params& p, cudaStream_t stream) {
-  cuda::launch_setup<In>(p, stream);
-  cuda::launch_chunk_prep(p, stream);
-  segment_states<In>(p, stream);
+void run_backward(const cuda::Params& p, bool reuse, cudaStream_t stream) {
+  if (!reuse) {
+    cuda::launch_setup<In>(p, stream);
+    cuda::launch_chunk_prep(p, stream);
+    segment_states<In>(p, stream);
+  }
   cuda::launch_state_forward<In, cuda::Pass::recompute>(p, stream);  // h, Vn
   if (p.seg_count > 1) {  // the state gradient leaving every segment
     cuda::launch_state_backward<In, true>(p, stream);
@@ -210,14 +223,16 @@ std::size_t delta_rule_forward_cuda_workspace(const DeltaRuleInputs& in,
                                               const TensorRef& cu_seqlens_host) {
   const DeltaRuleShape s = check_inputs(in, cu_seqlens_host);
   cuda::Params p;
-  return plan(in, s, count_chunks(in, s, cu_seqlens_host), false, nullptr, p);
+  return plan(in, s, count_chunks(in, s, cu_seqlens_host), false, nullptr, nullptr, false, p);
 }
 
 std::size_t delta_rule_backward_cuda_workspace(const DeltaRuleInputs& in,
-                                               const TensorRef& cu_seqlens_host) {
+                                               const TensorRef& cu_seqlens_host,
+                                               bool reuse_forward) {
   const DeltaRuleShape s = check_inputs(in, cu_seqlens_host);
   cuda::Params p;
-  return plan(in, s, count_chunks(in, s, cu_seqlens_host), true, nullptr, p);
+  return plan(in, s, count_chunks(in, s, cu_seqlens_host), true, nullptr, nullptr, reuse_forward,
+              p);
 }
 
 void delta_rule_forward_cuda(const DeltaRuleInputs& in, const DeltaRuleOutputs& out,
@@ -228,8 +243,9 @@ void delta_rule_forward_cuda(const DeltaRuleInputs& in, const DeltaRuleOutputs& 
   require_dtype("final_state", out.final_state, DType::f32);
   const ChunkCount chunks = count_chunks(in, s, ctx.cu_seqlens_host);
   cuda::Params p;
-  check_workspace(ctx, plan(in, s, chunks, false, nullptr, p));
-  plan(in, s, chunks, false, ctx.workspace, p);
+  check_workspace("workspace", ctx.workspace, ctx.workspace_bytes,
+                  plan(in, s, chunks, false, nullptr, nullptr, false, p));
+  plan(in, s, chunks, false, ctx.workspace, nullptr, false, p);
   p.o = out.o.data;
   p.ht = static_cast<float*>(out.final_state.data);
   if (s.T == 0 || chunks.total == 0) return;
@@ -254,8 +270,18 @@ void delta_rule_backward_cuda(const DeltaRuleInputs& in, const DeltaRuleGrads& g
   require_dtype("dh0", gr.dh0, DType::f32);
   const ChunkCount chunks = count_chunks(in, s, ctx.cu_seqlens_host);
   cuda::Params p;
-  check_workspace(ctx, plan(in, s, chunks, true, nullptr, p));
-  plan(in, s, chunks, true, ctx.workspace, p);
+  const bool reuse = ctx.forward_workspace != nullptr;
+  if (reuse) {
+    check_workspace("forward_workspace", ctx.forward_workspace, ctx.forward_workspace_bytes,
+                    plan(in, s, chunks, false, nullptr, nullptr, false, p));
+    if (ctx.workspace == ctx.forward_workspace)
+      throw Error(
+          "workspace must be another buffer than forward_workspace, whose content the "
+          "backward reads");
+  }
+  check_workspace("workspace", ctx.workspace, ctx.workspace_bytes,
+                  plan(in, s, chunks, true, nullptr, nullptr, reuse, p));
+  plan(in, s, chunks, true, ctx.workspace, ctx.forward_workspace, reuse, p);
   p.d_o = gr.d_o.data;
   p.dht = static_cast<const float*>(gr.d_final_state.data);
   p.dq = gr.dq.data;
@@ -267,9 +293,9 @@ void delta_rule_backward_cuda(const DeltaRuleInputs& in, const DeltaRuleGrads& g
   if (s.T == 0 || chunks.total == 0) return;
   auto stream = reinterpret_cast<cudaStream_t>(ctx.stream);
   if (in.q.dtype == DType::bf16)
-    run_backward<bf16>(p, stream);
+    run_backward<bf16>(p, reuse, stream);
   else
-    run_backward<__half>(p, stream);
+    run_backward<__half>(p, reuse, stream);
 }
 
 }  // namespace gdn

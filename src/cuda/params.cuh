@@ -56,8 +56,8 @@ struct Params {
 
   // Segment summaries (seg_count > 1), each [N * seg_count, HV, K, K or V] f32, segment k of
   // sequence n at n * seg_count + k.
-  float* seg_local;     // the state leaving segment k from a zero start (forward: N_k), or the
-                        // state gradient entering it from a zero end (backward: D_k)
+  float* seg_local;     // N_k: the state leaving segment k from a zero start
+  float* seg_dlocal;    // D_k: the state gradient entering segment k from a zero end
   float* seg_transfer;  // M_k: S_end = M_k S_start + N_k
   float* seg_state;     // the state entering segment k (k >= 1)
   float* seg_dstate;    // the state gradient leaving segment k (k < last; backward only)

@@ -101,7 +101,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_backward_kernel(Params p) {
   }
   cp_async_wait<0>();
   if (kSummary)
-    store_state(segment_matrix(seg.is_last ? p.seg_dstate : p.seg_local, p,
+    store_state(segment_matrix(seg.is_last ? p.seg_dstate : p.seg_dlocal, p,
                                seg.is_last ? blockIdx.z - 1 : blockIdx.z, hv),
                 vw, dS);
   else if (p.dh0 && seg.is_first)

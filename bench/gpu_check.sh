@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# On the GPU machine, from the repository root, after bench/gpu_stage.sh: the CUDA tests, the
+# sanitizers, a per-kernel profile at B=1 T=65536, then bench_cuda, flash-linear-attention's
+# timings and bench_cuda again (so gdn and FLA share the run). Logs go to $OUT (or ./gpu-logs).
+# Stages: test, sanitize, profile, bench (default: all, in that order).
+set -uo pipefail
+out="${OUT:-$PWD/gpu-logs}"
+mkdir -p "$out"
+stages="${*:-test sanitize profile bench}"
+export LD_LIBRARY_PATH="$PWD/.device${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+for stage in $stages; do
+  case "$stage" in
+    test)
+      .device/test_cuda_l2norm 2>&1 | tail -1
+      .device/test_cuda_delta_rule >"$out/test.log" 2>&1
+      grep -E "errors|FAILED|Failure|PASSED" "$out/test.log" | tail -30 ;;
+    sanitize)
+      timeout 200 compute-sanitizer --tool memcheck .device/test_cuda_delta_rule \
+        --gtest_filter='*Varlen*:*GroupedHeads/4*:*F16*:*Reuses*' 2>&1 | tee "$out/memcheck.log" |
+        grep -E "ERROR SUMMARY|PASSED|FAILED"
+      timeout 200 compute-sanitizer --tool racecheck .device/test_cuda_delta_rule \
+        --gtest_filter='*GroupedHeads/4*' 2>&1 | tee "$out/racecheck.log" |
+        grep -E "RACECHECK SUMMARY|PASSED|FAILED" ;;
+    profile)
+      ncu --clock-control none --metrics gpu__time_duration.sum .device/gdn run --device cuda \
+        -T 65536 >"$out/ncu.log" 2>&1
+      grep -E "^  [a-zA-Z_ <>:,0-9]+\(|gpu__time_duration" "$out/ncu.log" |
+        sed -E 's/^ *(void )?//; s/\(Params.*//; s/gpu__time_duration.sum//' | paste - - ;;
+    bench)
+      if [ -d .whl ]; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+          --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+      fi
+      .device/bench_cuda | tee "$out/bench.log"
+      PYTHONUNBUFFERED=1 python3 bench/fla_peer.py --bypass-guard 2>&1 | tail -8 | tee "$out/fla.log"
+      .device/bench_cuda | tee "$out/bench2.log" ;;
+    *) echo "gpu_check: unknown stage $stage (test, sanitize, profile, bench)"; exit 2 ;;
+  esac
+done

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Builds the GPU programs here (sm_90a, no MPI) and stages them with the shared libraries they
+# need in .device/, for a machine that has the GPU but not this build (bench/gpu_check.sh runs
+# them there). FLA's wheels go in .whl/ (bench/fla_peer.py says which).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="/usr/local/cuda/bin:$PATH"
+cmake -S . -B build-gpu -G Ninja -DGDN_NATIVE=OFF -DGDN_MPI=OFF -DGDN_BUILD_BENCH=ON >/dev/null
+ninja -C build-gpu gdn test_cuda_delta_rule test_cuda_l2norm bench_cuda
+mkdir -p .device
+cp build-gpu/gdn build-gpu/tests/test_cuda_delta_rule build-gpu/tests/test_cuda_l2norm \
+  build-gpu/bench/bench_cuda bench/gpu_check.sh .device/
+for lib in libfmt.so.9 libgomp.so.1; do cp "$(ldconfig -p | awk -v l=$lib '$1 == l {print $NF; exit}')" .device/; done
