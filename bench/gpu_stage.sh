@@ -9,5 +9,5 @@ cmake -S . -B build-gpu -G Ninja -DGDN_NATIVE=OFF -DGDN_MPI=OFF -DGDN_BUILD_BENC
 ninja -C build-gpu gdn test_cuda_delta_rule test_cuda_l2norm bench_cuda
 mkdir -p .device
 cp build-gpu/gdn build-gpu/tests/test_cuda_delta_rule build-gpu/tests/test_cuda_l2norm \
-  build-gpu/bench/bench_cuda bench/gpu_check.sh .device/
+  build-gpu/bench/bench_cuda .device/
 for lib in libfmt.so.9 libgomp.so.1; do cp "$(ldconfig -p | awk -v l=$lib '$1 == l {print $NF; exit}')" .device/; done
