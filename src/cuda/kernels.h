@@ -3,9 +3,10 @@
 // In = bf16 or __half is the dtype of q, k, v, o and their gradients.
 //
 // forward:  setup, chunk_prep, [state_forward<summary>, combine], state_forward<output>
-// backward: setup, chunk_prep, [state_forward<summary>, combine], state_forward<recompute>,
+// backward: {setup, chunk_prep, [state_forward<summary>, combine]}, state_forward<recompute>,
 //           [state_backward<summary>, combine<reverse>], state_backward, grad_chunk, grad_qk
-// (the bracketed launches only when sequences are cut into segments, P > 1).
+// (the bracketed launches only when sequences are cut into segments, seg_count > 1; the braced
+// ones not when the backward reads the forward's workspace).
 
 #include <cuda_runtime.h>
 
