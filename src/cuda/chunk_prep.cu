@@ -9,7 +9,6 @@
 #include "cuda/check.h"
 #include "cuda/kernels.h"
 #include "cuda/mma.cuh"
-#include "cuda/tile_io.cuh"
 
 namespace gdn::cuda {
 namespace {

@@ -1,23 +1,19 @@
 #pragma once
-// Shared device helpers of the delta-rule kernels: dtype conversion, 16-byte async copies, and a
-// block-wide tensor-core GEMM on shared memory (WMMA bf16 x bf16 -> f32).
+// Shared device helpers of the delta-rule kernels: dtype conversion and 16-byte async copies.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <mma.h>
 
 #include <type_traits>
 
 namespace gdn::cuda {
 
 using bf16 = __nv_bfloat16;
-namespace wmma = nvcuda::wmma;
 
 constexpr int kC = 64;      // chunk
 constexpr int kD = 128;     // K = V
 constexpr int kLdH = 136;   // shared row stride of a 128-wide bf16 tile (+16 B: no bank conflicts)
 constexpr int kLdH64 = 72;  // of a 64-wide bf16 tile
-constexpr int kLdF = 132;   // of a 128-wide f32 tile
 constexpr int kLdF64 = 68;  // of a 64-wide f32 tile
 
 __device__ inline float to_float(float x) {
@@ -69,34 +65,17 @@ __device__ inline void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
 
-using Row = wmma::row_major;
-using Col = wmma::col_major;
-
-// C[M x N] (f32, row-major, ldc) = (or +=) A[M x Kd] B[Kd x N], both bf16 in shared memory.
-// A row-major: A(i, k) = a[i lda + k]; col-major: a[k lda + i] (so a col-major A over a row-major
-// buffer is its transpose). Same for B with (k, j). Every warp of the block takes 16x16 tiles.
-template <int M, int N, int Kd, typename LayoutA, typename LayoutB, bool kAccumulate = false>
-__device__ inline void block_gemm(const bf16* a, int lda, const bf16* b, int ldb, float* c,
-                                  int ldc) {
-  static_assert(M % 16 == 0 && N % 16 == 0 && Kd % 16 == 0);
-  constexpr bool a_row = std::is_same_v<LayoutA, Row>, b_row = std::is_same_v<LayoutB, Row>;
-  const int warp = threadIdx.x / 32, warps = blockDim.x / 32;
-  for (int tile = warp; tile < (M / 16) * (N / 16); tile += warps) {
-    const int tm = tile / (N / 16) * 16, tn = tile % (N / 16) * 16;
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-    if constexpr (kAccumulate)
-      wmma::load_matrix_sync(acc, c + tm * ldc + tn, ldc, wmma::mem_row_major);
-    else
-      wmma::fill_fragment(acc, 0.0f);
-#pragma unroll 4
-    for (int k = 0; k < Kd; k += 16) {
-      wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, LayoutA> fa;
-      wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, LayoutB> fb;
-      wmma::load_matrix_sync(fa, a_row ? a + tm * lda + k : a + k * lda + tm, lda);
-      wmma::load_matrix_sync(fb, b_row ? b + k * ldb + tn : b + tn * ldb + k, ldb);
-      wmma::mma_sync(acc, fa, fb, acc);
-    }
-    wmma::store_matrix_sync(c + tm * ldc + tn, acc, ldc, wmma::mem_row_major);
+// Issues, without waiting, the copies of `rows` rows of kCols 16-bit values (row r from
+// src + r * stride elements) into dst (row stride ld elements); rows >= valid are zero-filled.
+template <int kCols>
+__device__ inline void issue_rows(void* dst, int ld, const void* src, long long stride, int rows,
+                                  int valid) {
+  using U16 = unsigned short;
+  for (int idx = threadIdx.x; idx < rows * (kCols / 8); idx += blockDim.x) {
+    const int r = idx / (kCols / 8), part = idx % (kCols / 8);
+    const bool ok = r < valid;
+    cp_async16(static_cast<U16*>(dst) + r * ld + part * 8,
+               static_cast<const U16*>(src) + (ok ? r * stride + part * 8 : 0), ok);
   }
 }
 

@@ -29,7 +29,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_backward_kernel(Params p) {
       reinterpret_cast<bf16*>(smem + Stage::staging) + warp * kC * kLdO;
   auto prefetch_step = [&](int step) {  // step 0 is the last chunk
     if (step < chunks)
-      prefetch(p, smem, step % kStages, first + chunks - 1 - step, hv, 0, true, true, p.d_o);
+      prefetch(p, smem, step % kStages, first + chunks - 1 - step, hv, true, true, p.d_o);
     cp_async_commit();
   };
 

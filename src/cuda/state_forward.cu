@@ -31,13 +31,13 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
   [[maybe_unused]] bf16* staging =
       reinterpret_cast<bf16*>(smem + Stage::staging) + warp * kC * kLdO;
   if (transfer)  // V = 0: its tiles are zeroed once and never loaded
-    for (int idx = threadIdx.x; idx < kStages * kC * kLdV / 8; idx += kThreads) {
-      const int buf = idx / (kC * kLdV / 8), at = idx % (kC * kLdV / 8);
+    for (int idx = threadIdx.x; idx < kStages * kC * kLdH / 8; idx += kThreads) {
+      const int buf = idx / (kC * kLdH / 8), at = idx % (kC * kLdH / 8);
       reinterpret_cast<uint4*>(smem + buf * Stage::bytes + Stage::v)[at] = uint4{0, 0, 0, 0};
     }
   auto prefetch_chunk = [&](int i) {
     if (i < chunks)
-      prefetch(p, smem, i % kStages, first + i, hv, 0, kOutput, kOutput, transfer ? nullptr : p.v);
+      prefetch(p, smem, i % kStages, first + i, hv, kOutput, kOutput, transfer ? nullptr : p.v);
     cp_async_commit();
   };
 

@@ -18,9 +18,7 @@ namespace gdn::cuda::state_pass {
 
 constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;
-constexpr int kBV = 16 * kWarps;  // V columns per block
-constexpr int kLdV = kBV + 8;     // 16-bit row stride of the V (or dO) slice
-constexpr int kLdO = 24;          // 16-bit row stride of a warp's 64 x 16 staging tile
+constexpr int kLdO = 24;  // 16-bit row stride of a warp's 64 x 16 staging tile
 constexpr int kStages = 2;
 
 // One stage's tiles, in bytes from the stage's start.
@@ -29,8 +27,8 @@ struct Stage {
   static constexpr int q = k + kC * kLdH * 2;     // bf16 [64][136]
   static constexpr int a = q + kC * kLdH * 2;     // bf16 [64][72]
   static constexpr int pm = a + kC * kLdH64 * 2;  // bf16 [64][72]
-  static constexpr int v = pm + kC * kLdH64 * 2;  // 16-bit [64][kLdV]  V or dO slice
-  static constexpr int g = v + kC * kLdV * 2;     // f32 [64]
+  static constexpr int v = pm + kC * kLdH64 * 2;  // 16-bit [64][136]  V or dO
+  static constexpr int g = v + kC * kLdH * 2;     // f32 [64]
   static constexpr int beta = g + kC * 4;         // f32 [64]
   static constexpr int bytes = beta + kC * 4;
   static constexpr int staging = kStages * bytes;  // 16-bit [kWarps][64][kLdO]
@@ -79,9 +77,9 @@ __device__ inline Tiles tiles(const unsigned char* smem, int buf) {
 }
 
 // Issues the copies of chunk slot `cid`'s tiles into buffer `buf` (no commit): K always, Q, P
-// and the [64][kBV] slice at column v0 of `slice` ([B, T, HV, 128] 16-bit) when asked.
+// and the rows of `slice` ([B, T, HV, 128] 16-bit: V or dO) when given.
 __device__ inline void prefetch(const Params& p, unsigned char* smem, int buf, int cid, int hv,
-                                int v0, bool with_q, bool with_p, const void* slice) {
+                                bool with_q, bool with_p, const void* slice) {
   const ChunkInfo info = p.chunks[cid];
   const long long s = slot(p, cid, hv);
   unsigned char* base = smem + buf * Stage::bytes;
@@ -103,12 +101,11 @@ __device__ inline void prefetch(const Params& p, unsigned char* smem, int buf, i
   if (slice) {
     const unsigned short* src = static_cast<const unsigned short*>(slice);
     const long long vrow = v_row(p, info.b, info.t0, hv);
-    for (int idx = tid; idx < kC * (kBV / 8); idx += kThreads) {
-      const int r = idx / (kBV / 8), part = idx % (kBV / 8);
+    for (int idx = tid; idx < kC * 16; idx += kThreads) {
+      const int r = idx / 16, part = idx % 16;
       const bool valid = r < info.len;
-      const long long off =
-          valid ? (vrow + static_cast<long long>(r) * p.HV) * kD + v0 + part * 8 : 0;
-      cp_async16(base + Stage::v + (r * kLdV + part * 8) * 2, src + off, valid);
+      const long long off = valid ? (vrow + static_cast<long long>(r) * p.HV) * kD + part * 8 : 0;
+      cp_async16(base + Stage::v + (r * kLdH + part * 8) * 2, src + off, valid);
     }
   }
   if (tid < 16)
@@ -192,7 +189,7 @@ template <typename In>
 __device__ inline void load_slice_t(float2 (&v)[4], const void* slice, int kt) {
   std::uint32_t r[4];
   ldmatrix_x4_trans(
-      r, a_rows_km(static_cast<const bf16*>(slice), kLdV, 16 * (threadIdx.x / 32), 16 * kt));
+      r, a_rows_km(static_cast<const bf16*>(slice), kLdH, 16 * (threadIdx.x / 32), 16 * kt));
 #pragma unroll
   for (int i = 0; i < 4; ++i) v[i] = unpack2<In>(r[i]);
 }
