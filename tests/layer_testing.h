@@ -1,12 +1,14 @@
 #pragma once
 // Shared by the layer's tests: a tiny config, random parameters in model-like ranges, random
-// tensors, and relative errors.
+// tensors, relative errors, and the message of an expected error.
 
 #include <cmath>
+#include <functional>
 #include <random>
 #include <string>
 
 #include "cpu/convert.h"
+#include "gdn/error.h"
 #include "gdn/layer.h"
 
 namespace gdn::testing {
@@ -59,6 +61,16 @@ inline HostTensor left_padding_mask(DType dtype, std::int64_t B, std::int64_t T)
   for (std::int64_t b = 0; b < B; ++b)
     for (std::int64_t t = 0; t < T; ++t) cpu::store(m.ref(), b * T + t, t > b ? 1.0 : 0.0);
   return m;
+}
+
+// What fn throws as gdn::Error, or "" when it returns.
+inline std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
 }
 
 }  // namespace gdn::testing

@@ -18,6 +18,7 @@ namespace gdn {
 namespace {
 
 using testing::convert;
+using testing::error_of;
 using testing::random_tensor;
 using testing::random_weights;
 using testing::relative;
@@ -222,15 +223,6 @@ TEST(Layer, Float32MatchesFloat64) {
   for_each_parameter(f32.grads, [&](const char* name, const HostTensor& g) {
     EXPECT_LE(relative(g, *refs[i++]), 2e-5) << name;
   });
-}
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 TEST(LayerErrors, ModuleValidation) {

@@ -20,18 +20,10 @@ namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+using testing::error_of;
 using testing::tiny_config;
 
 const std::string kPrefix = "model.layers.2.linear_attn.";
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 class LayerWeightsTest : public ::testing::Test {
  protected:
