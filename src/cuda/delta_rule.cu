@@ -169,8 +169,6 @@ std::size_t plan(const DeltaRuleInputs& in, const DeltaRuleShape& s, ChunkCount 
   p.vn = b.take<bf16>(slots * kC * kD);
   p.dh = b.take<bf16>(slots * kD * kD);
   p.dvn = b.take<bf16>(slots * kC * kD);
-  p.dq_hv = b.take<float>(tokens * s.HV * kD);
-  p.dk_hv = b.take<float>(tokens * s.HV * kD);
   return b.used;
 }
 
@@ -214,7 +212,6 @@ void run_backward(const cuda::Params& p, bool reuse, cudaStream_t stream) {
   }
   cuda::launch_state_backward<In, false>(p, stream);
   cuda::launch_grad_chunk<In>(p, stream);
-  cuda::launch_grad_qk<In>(p, stream);
 }
 
 }  // namespace

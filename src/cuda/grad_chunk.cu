@@ -1,4 +1,4 @@
-// The per-chunk gradients, parallel over (chunk, value head), from the recomputed S = h[c] and
+// The per-chunk gradients, parallel over (chunk, key head), from the recomputed S = h[c] and
 // Vn, and dS = dh[c], dVn from the reverse pass (h and dh stored transposed). The math is
 // chunked_backward.cpp's (spec 3):
 //   dR = A^T dVn,  dV = diag(beta) dR,  D = [-dR; scale dO],
@@ -6,7 +6,9 @@
 //   Kb = diag(beta e) K, Qe = diag(e) Q, Kf = diag(f) K, P = (Q K^T) * decay,
 //   L = strictly_lower(diag(beta) K K^T * decay),
 // and every factor exp(G_a - G_b) gives t to dG_a and -t to dG_b (t = gradient * value);
-// dg is the reverse cumulative sum of dG. dq and dk are this value head's share.
+// dg is the reverse cumulative sum of dG. A block loops over the value heads of its key head
+// (one Q, K tile for all): dv, dg, dbeta per value head; dq, dk summed over them in registers,
+// then back through the l2norm (spec 1).
 //
 // Warp w owns rows 16 (w % 4) .. + 15 of every product and half of its columns (w / 4): the
 // products are mma.sync on ldmatrix fragments, row sums reduce over the 4 lanes of a row and
@@ -22,16 +24,17 @@ constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;
 
 struct GradSmem {
-  static constexpr int q = 0;                        // bf16 [64][136]  Q
-  static constexpr int k = q + kC * kLdH * 2;        // bf16 [64][136]  K
-  static constexpr int st = k + kC * kLdH * 2;       // bf16 [128][136] dS^T, then S^T
-  static constexpr int vn = st + kD * kLdH * 2;      // bf16 [64][136]  Vn, then F (f32 [64][68])
-  static constexpr int dvn = vn + kC * kLdH * 2;     // bf16 [64][136] dVn, then -dR
-  static constexpr int a = dvn + kC * kLdH * 2;      // bf16 [64][72]  A, then dP * decay
-  static constexpr int d_o = a + kC * kLdH64 * 2;    // bf16 [64][136] dO
-  static constexpr int dls = d_o + kC * kLdH * 2;    // bf16 [64][72]  F + F^T
-  static constexpr int vec = dls + kC * kLdH64 * 2;  // f32 G, beta, dG, db [64]; extra
-  static constexpr int bytes = vec + (4 * kC + 4) * 4;
+  static constexpr int q = 0;                          // bf16 [64][136]  Q
+  static constexpr int k = q + kC * kLdH * 2;          // bf16 [64][136]  K
+  static constexpr int st = k + kC * kLdH * 2;         // bf16 [128][136] dS^T, then S^T
+  static constexpr int vn = st + kD * kLdH * 2;        // bf16 [64][136]  Vn, then F (f32 [64][68])
+  static constexpr int dvn = vn + kC * kLdH * 2;       // bf16 [64][136] dVn, then -dR
+  static constexpr int a = dvn + kC * kLdH * 2;        // bf16 [64][72]  A, then dP * decay
+  static constexpr int d_o = a + kC * kLdH64 * 2;      // bf16 [64][136] dO
+  static constexpr int dls = d_o + kC * kLdH * 2;      // bf16 [64][72]  F + F^T
+  static constexpr int vec = dls + kC * kLdH64 * 2;    // f32 G, beta, dG, db [64]; extra
+  static constexpr int dots = vec + (4 * kC + 4) * 4;  // f32 [2][2][64] (q or k, half, row)
+  static constexpr int bytes = dots + 4 * kC * 4;
 };
 static_assert(kC * kLdF64 * 4 <= kC * kLdH * 2, "F fits in the Vn tile");
 
@@ -67,13 +70,13 @@ __device__ inline void add_row_sums(float* out, int row0, const Acc (&x)[N], Wei
 
 template <typename In>
 __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
-  const int cid = blockIdx.x, hv = blockIdx.y, tid = threadIdx.x;
+  const int cid = blockIdx.x, hk = blockIdx.y, tid = threadIdx.x;
   const int warp = tid / 32, lane = tid % 32, g = lane / 4, c = 2 * (lane % 4);
   const int r0 = 16 * (warp % 4), half = warp / 4;  // rows r0.., columns of this half
+  const int i_lo = r0 + g, i_hi = i_lo + 8;         // this lane's rows
   const ChunkInfo info = p.chunks[cid];
   if (info.len == 0) return;
-  const int hk = hv / (p.HV / p.HK), len = info.len;
-  const long long s = slot(p, cid, hv);
+  const int group = p.HV / p.HK, len = info.len;
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* qs = reinterpret_cast<bf16*>(smem + GradSmem::q);
   bf16* ks = reinterpret_cast<bf16*>(smem + GradSmem::k);
@@ -87,323 +90,349 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
   bf16* dls = reinterpret_cast<bf16*>(smem + GradSmem::dls);
   float* G = reinterpret_cast<float*>(smem + GradSmem::vec);
   float *beta = G + kC, *dG = beta + kC, *db = dG + kC, *extra = db + kC;
+  float* dots = reinterpret_cast<float*>(smem + GradSmem::dots);
 
-  const long long row = qk_row(p, info.b, info.t0, hk), vrow = v_row(p, info.b, info.t0, hv);
-  const In* d_o = static_cast<const In*>(p.d_o) + vrow * kD;
+  const long long row = qk_row(p, info.b, info.t0, hk);
   issue_rows<kD>(qs, kLdH, p.qn + row * kD, p.HK * kD, kC, len);
   issue_rows<kD>(ks, kLdH, p.kn + row * kD, p.HK * kD, kC, len);
-  issue_rows<kD>(st, kLdH, p.dh + s * kD * kD, kD, kD, kD);
-  issue_rows<kD>(vn, kLdH, p.vn + s * kC * kD, kD, kC, kC);
-  issue_rows<kD>(dvn, kLdH, p.dvn + s * kC * kD, kD, kC, kC);
-  issue_rows<kC>(ab, kLdH64, p.A + s * kC * kC, kC, kC, kC);
-  issue_rows<kD>(dos, kLdH, d_o, p.HV * kD, kC, len);
   cp_async_commit();
-  if (tid < kC) {
-    G[tid] = p.G[s * kC + tid];
-    beta[tid] = p.bt[s * kC + tid];
-    dG[tid] = 0.0f;
-    db[tid] = 0.0f;
-  }
-  if (tid == 0) extra[0] = 0.0f;
-  cp_async_wait<0>();
-  if constexpr (!std::is_same_v<In, bf16>)  // f16 dO to bf16, in place, by the copying thread
-    for (int idx = tid; idx < kC * 16; idx += kThreads) {
-      const int r = idx / 16, part = idx % 16;
-      In* raw = reinterpret_cast<In*>(dos + r * kLdH + part * 8);
-      for (int e = 0; e < 8; ++e) dos[r * kLdH + part * 8 + e] = from_float<bf16>(to_float(raw[e]));
-    }
-  __syncthreads();
-  const float g_last = G[kC - 1], gamma = __expf(g_last);
   auto col = [&](int nt, int e) { return 8 * nt + c + e % 2; };  // column within the tile range
   auto row_of = [&](int e) { return r0 + g + 8 * (e / 2); };
-  auto e_of = [&](int i) { return __expf(G[i]); };
   auto pair = [](const bf16* base) {
     return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(base));
   };
 
-  // sum(S * dS) for the gradient of gamma: S^T from global, dS^T from shared memory.
-  {
-    float part = 0;
-    const bf16* h = p.h + s * kD * kD;
-    for (int idx = tid; idx < kD * 16; idx += kThreads) {
-      const int r = idx / 16, piece = idx % 16;
-      const uint4 x = *reinterpret_cast<const uint4*>(h + r * kD + piece * 8);
-      const bf16* xs = reinterpret_cast<const bf16*>(&x);
-      for (int e = 0; e < 8; ++e) part += to_float(xs[e]) * to_float(st[r * kLdH + piece * 8 + e]);
+  Acc dq[8] = {}, dk[8] = {};  // the group's sums
+  for (int gi = 0; gi < group; ++gi) {
+    const int hv = hk * group + gi;
+    const long long s = slot(p, cid, hv), vrow = v_row(p, info.b, info.t0, hv);
+    const In* d_o = static_cast<const In*>(p.d_o) + vrow * kD;
+    issue_rows<kD>(st, kLdH, p.dh + s * kD * kD, kD, kD, kD);
+    issue_rows<kD>(vn, kLdH, p.vn + s * kC * kD, kD, kC, kC);
+    issue_rows<kD>(dvn, kLdH, p.dvn + s * kC * kD, kD, kC, kC);
+    issue_rows<kC>(ab, kLdH64, p.A + s * kC * kC, kC, kC, kC);
+    issue_rows<kD>(dos, kLdH, d_o, p.HV * kD, kC, len);
+    cp_async_commit();
+    if (tid < kC) {
+      G[tid] = p.G[s * kC + tid];
+      beta[tid] = p.bt[s * kC + tid];
+      dG[tid] = 0.0f;
+      db[tid] = 0.0f;
     }
-    part = warp_sum(part);
-    if (lane == 0) atomicAdd(extra, gamma * part);
-  }
+    if (tid == 0) extra[0] = 0.0f;
+    cp_async_wait<0>();
+    if constexpr (!std::is_same_v<In, bf16>)  // f16 dO to bf16, in place, by the copying thread
+      for (int idx = tid; idx < kC * 16; idx += kThreads) {
+        const int r = idx / 16, part = idx % 16;
+        In* raw = reinterpret_cast<In*>(dos + r * kLdH + part * 8);
+        for (int e = 0; e < 8; ++e)
+          dos[r * kLdH + part * 8 + e] = from_float<bf16>(to_float(raw[e]));
+      }
+    __syncthreads();
+    const float g_last = G[kC - 1], gamma = __expf(g_last);
+    auto e_of = [&](int i) { return __expf(G[i]); };
 
-  // dKf = Vn dS^T (columns of this half); dk = diag(f) dKf; dG_i -= f_i sum_j K_ij dKf_ij.
-  Acc dk[8] = {};
-  {
-    std::uint32_t a[8][4];
-    load_a_mk(a, vn, kLdH, r0);
-    mma_kn(dk, a, st, kLdH, 64 * half);
-    const int i_lo = r0 + g, i_hi = i_lo + 8;
-    const float f_lo = __expf(g_last - G[i_lo]), f_hi = __expf(g_last - G[i_hi]);
-    float lo = 0, hi = 0;
+    // sum(S * dS) for the gradient of gamma: S^T from global, dS^T from shared memory.
+    {
+      float part = 0;
+      const bf16* h = p.h + s * kD * kD;
+      for (int idx = tid; idx < kD * 16; idx += kThreads) {
+        const int r = idx / 16, piece = idx % 16;
+        const uint4 x = *reinterpret_cast<const uint4*>(h + r * kD + piece * 8);
+        const bf16* xs = reinterpret_cast<const bf16*>(&x);
+        for (int e = 0; e < 8; ++e)
+          part += to_float(xs[e]) * to_float(st[r * kLdH + piece * 8 + e]);
+      }
+      part = warp_sum(part);
+      if (lane == 0) atomicAdd(extra, gamma * part);
+    }
+
+    // dKf = Vn dS^T (columns of this half); dk += diag(f) dKf; dG_i -= f_i sum_j K_ij dKf_ij.
+    {
+      Acc dkf[8] = {};
+      std::uint32_t a[8][4];
+      load_a_mk(a, vn, kLdH, r0);
+      mma_kn(dkf, a, st, kLdH, 64 * half);
+      const float f_lo = __expf(g_last - G[i_lo]), f_hi = __expf(g_last - G[i_hi]);
+      float lo = 0, hi = 0;
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-      const int j = 64 * half + 8 * nt + c;
-      const float2 k_lo = pair(ks + i_lo * kLdH + j), k_hi = pair(ks + i_hi * kLdH + j);
-      lo += k_lo.x * dk[nt][0] + k_lo.y * dk[nt][1];
-      hi += k_hi.x * dk[nt][2] + k_hi.y * dk[nt][3];
-      dk[nt][0] *= f_lo, dk[nt][1] *= f_lo, dk[nt][2] *= f_hi, dk[nt][3] *= f_hi;
+      for (int nt = 0; nt < 8; ++nt) {
+        const int j = 64 * half + 8 * nt + c;
+        const float2 k_lo = pair(ks + i_lo * kLdH + j), k_hi = pair(ks + i_hi * kLdH + j);
+        lo += k_lo.x * dkf[nt][0] + k_lo.y * dkf[nt][1];
+        hi += k_hi.x * dkf[nt][2] + k_hi.y * dkf[nt][3];
+        dk[nt][0] += f_lo * dkf[nt][0], dk[nt][1] += f_lo * dkf[nt][1];
+        dk[nt][2] += f_hi * dkf[nt][2], dk[nt][3] += f_hi * dkf[nt][3];
+      }
+      lo = row_sum(lo) * f_lo;
+      hi = row_sum(hi) * f_hi;
+      if (lane % 4 == 0) {  // the f_i terms of exp(G_last) go to dG_{len-1} at the end
+        atomicAdd(dG + i_lo, -lo);
+        atomicAdd(dG + i_hi, -hi);
+        atomicAdd(extra, (i_lo < len ? lo : 0.0f) + (i_hi < len ? hi : 0.0f));
+      }
     }
-    lo = row_sum(lo) * f_lo;
-    hi = row_sum(hi) * f_hi;
-    if (lane % 4 == 0) {  // the f_i terms of exp(G_last) go to dG_{len-1} at the end
-      atomicAdd(dG + i_lo, -lo);
-      atomicAdd(dG + i_hi, -hi);
-      atomicAdd(extra, (i_lo < len ? lo : 0.0f) + (i_hi < len ? hi : 0.0f));
-    }
-  }
-  __syncthreads();  // dS^T is done: S^T takes its place while the next products run
-  issue_rows<kD>(st, kLdH, p.h + s * kD * kD, kD, kD, kD);
-  cp_async_commit();
+    __syncthreads();  // dS^T is done: S^T takes its place while the next products run
+    issue_rows<kD>(st, kLdH, p.h + s * kD * kD, kD, kD, kD);
+    cp_async_commit();
 
-  // dR = A^T dVn; dv = diag(beta) dR; db_i += V_i . dR_i; then -dR replaces dVn.
-  Acc dr[8] = {};
-  {
-    std::uint32_t a[4][4];
-    load_a_km(a, ab, kLdH64, r0);
-    mma_kn(dr, a, dvn, kLdH, 64 * half);
-  }
-  {
-    const In* v = static_cast<const In*>(p.v) + vrow * kD;
-    In* dv = static_cast<In*>(p.dv) + vrow * kD;
-    float vd[8][4];
+    // dR = A^T dVn; dv = diag(beta) dR; db_i += V_i . dR_i; then -dR replaces dVn.
+    Acc dr[8] = {};
+    {
+      std::uint32_t a[4][4];
+      load_a_km(a, ab, kLdH64, r0);
+      mma_kn(dr, a, dvn, kLdH, 64 * half);
+    }
+    {
+      const In* v = static_cast<const In*>(p.v) + vrow * kD;
+      In* dv = static_cast<In*>(p.dv) + vrow * kD;
+      float vd[8][4];
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; e += 2) {
+          const int i = row_of(e), j = 64 * half + col(nt, e);
+          float2 x = {0.0f, 0.0f};
+          if (i < len) {
+            const long long at = static_cast<long long>(i) * p.HV * kD + j;
+            x = unpack2<In>(*reinterpret_cast<const std::uint32_t*>(v + at));
+            *reinterpret_cast<std::uint32_t*>(dv + at) =
+                pack2<In>(beta[i] * dr[nt][e], beta[i] * dr[nt][e + 1]);
+          }
+          vd[nt][e] = x.x, vd[nt][e + 1] = x.y;
+        }
+      add_row_sums(
+          db, r0, dr, [&](int nt, int e) { return vd[nt][e]; }, 1.0f, 1.0f);
+    }
+    __syncthreads();  // every warp is done with dVn and A
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; e += 2) {
-        const int i = row_of(e), j = 64 * half + col(nt, e);
-        float2 x = {0.0f, 0.0f};
-        if (i < len) {
-          const long long at = static_cast<long long>(i) * p.HV * kD + j;
-          x = unpack2<In>(*reinterpret_cast<const std::uint32_t*>(v + at));
-          *reinterpret_cast<std::uint32_t*>(dv + at) =
-              pack2<In>(beta[i] * dr[nt][e], beta[i] * dr[nt][e + 1]);
+      for (int e = 0; e < 4; e += 2)
+        *reinterpret_cast<std::uint32_t*>(dvn + row_of(e) * kLdH + 64 * half + col(nt, e)) =
+            pack_bf16(-dr[nt][e], -dr[nt][e + 1]);
+    bf16* ndr = dvn;  // -dR
+
+    // dP = scale dO Vn^T, P = (Q K^T) * decay (columns 32 half ..): dP * decay, and the pair
+    // terms t = dP * P to dG.
+    // out1 = a1 Vn^T, out2 = a2 K^T for the 32 columns of this half.
+    auto products = [&](const bf16* a1, const bf16* a2, Acc(&out1)[4], Acc(&out2)[4]) {
+      std::uint32_t f[8][4];
+      load_a_mk(f, a1, kLdH, r0);
+      mma_nk(out1, f, vn, kLdH, 32 * half);
+      load_a_mk(f, a2, kLdH, r0);
+      mma_nk(out2, f, ks, kLdH, 32 * half);
+    };
+    auto decay = [&](int i, int j) { return j <= i ? __expf(G[i] - G[j]) : 0.0f; };
+
+    // dP = scale dO Vn^T and P = (Q K^T) * decay: keep dP * decay, and t = dP * P goes to dG_i
+    // (row sums) and -dG_j (column sums).
+    Acc x1[4] = {}, x2[4] = {};
+    products(dos, qs, x1, x2);
+    float colsum[4][2] = {};
+    {
+      float lo = 0, hi = 0;
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = row_of(e), j = 32 * half + col(nt, e);
+          const float d = decay(i, j), dp = p.scale * x1[nt][e];
+          const float t = dp * x2[nt][e] * d;
+          x1[nt][e] = dp * d;
+          (e < 2 ? lo : hi) += t;
+          colsum[nt][e % 2] += t;
         }
-        vd[nt][e] = x.x, vd[nt][e + 1] = x.y;
+      lo = row_sum(lo);
+      hi = row_sum(hi);
+      if (lane % 4 == 0) atomicAdd(dG + r0 + g, lo), atomicAdd(dG + r0 + g + 8, hi);
+    }
+    __syncthreads();  // -dR is complete
+
+    // dL = -dR Vn^T and K K^T: dl = strictly_lower(dL * decay), m2 = dl * K K^T, F = diag(beta) dl;
+    // t = beta_i m2 goes to dG like the P terms, m2 to db.
+    Acc dl[4] = {};
+    {
+      Acc kk[4] = {};
+      products(ndr, ks, dl, kk);
+      float lo_t = 0, hi_t = 0, lo_m = 0, hi_m = 0;
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = row_of(e), j = 32 * half + col(nt, e);
+          const float d = j < i ? decay(i, j) : 0.0f;
+          const float l = dl[nt][e] * d, m2 = l * kk[nt][e];
+          dl[nt][e] = beta[i] * l;  // F
+          (e < 2 ? lo_t : hi_t) += beta[i] * m2;
+          (e < 2 ? lo_m : hi_m) += m2;
+          colsum[nt][e % 2] += beta[i] * m2;
+        }
+      lo_t = row_sum(lo_t), hi_t = row_sum(hi_t), lo_m = row_sum(lo_m), hi_m = row_sum(hi_m);
+      if (lane % 4 == 0) {
+        atomicAdd(dG + r0 + g, lo_t), atomicAdd(dG + r0 + g + 8, hi_t);
+        atomicAdd(db + r0 + g, lo_m), atomicAdd(db + r0 + g + 8, hi_m);
       }
-    add_row_sums(
-        db, r0, dr, [&](int nt, int e) { return vd[nt][e]; }, 1.0f, 1.0f);
-  }
-  __syncthreads();  // every warp is done with dVn and A
 #pragma unroll
-  for (int nt = 0; nt < 8; ++nt)
+      for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-    for (int e = 0; e < 4; e += 2)
-      *reinterpret_cast<std::uint32_t*>(dvn + row_of(e) * kLdH + 64 * half + col(nt, e)) =
-          pack_bf16(-dr[nt][e], -dr[nt][e + 1]);
-  bf16* ndr = dvn;  // -dR
-
-  // dP = scale dO Vn^T, P = (Q K^T) * decay (columns 32 half ..): dP * decay, and the pair
-  // terms t = dP * P to dG.
-  // out1 = a1 Vn^T, out2 = a2 K^T for the 32 columns of this half.
-  auto products = [&](const bf16* a1, const bf16* a2, Acc(&out1)[4], Acc(&out2)[4]) {
-    std::uint32_t f[8][4];
-    load_a_mk(f, a1, kLdH, r0);
-    mma_nk(out1, f, vn, kLdH, 32 * half);
-    load_a_mk(f, a2, kLdH, r0);
-    mma_nk(out2, f, ks, kLdH, 32 * half);
-  };
-  auto decay = [&](int i, int j) { return j <= i ? __expf(G[i] - G[j]) : 0.0f; };
-
-  // dP = scale dO Vn^T and P = (Q K^T) * decay: keep dP * decay, and t = dP * P goes to dG_i
-  // (row sums) and -dG_j (column sums).
-  Acc x1[4] = {}, x2[4] = {};
-  products(dos, qs, x1, x2);
-  float colsum[4][2] = {};
-  {
-    float lo = 0, hi = 0;
+        for (int e = 0; e < 2; ++e) {
+          const float sum = col_sum(colsum[nt][e]);
+          if (g == 0) atomicAdd(dG + 32 * half + 8 * nt + c + e, -sum);
+        }
+    }
+    __syncthreads();  // every warp is done with Vn and A: F and dP * decay take their place
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
+      for (int e = 0; e < 4; e += 2) {
         const int i = row_of(e), j = 32 * half + col(nt, e);
-        const float d = decay(i, j), dp = p.scale * x1[nt][e];
-        const float t = dp * x2[nt][e] * d;
-        x1[nt][e] = dp * d;
-        (e < 2 ? lo : hi) += t;
-        colsum[nt][e % 2] += t;
+        F[i * kLdF64 + j] = dl[nt][e];
+        F[i * kLdF64 + j + 1] = dl[nt][e + 1];
+        *reinterpret_cast<std::uint32_t*>(dpd + i * kLdH64 + j) =
+            pack_bf16(x1[nt][e], x1[nt][e + 1]);
       }
-    lo = row_sum(lo);
-    hi = row_sum(hi);
-    if (lane % 4 == 0) atomicAdd(dG + r0 + g, lo), atomicAdd(dG + r0 + g + 8, hi);
-  }
-  __syncthreads();  // -dR is complete
+    __syncthreads();
+    for (int idx = tid; idx < kC * kC; idx += kThreads) {
+      const int i = idx / kC, j = idx % kC;
+      dls[i * kLdH64 + j] = from_float<bf16>(F[i * kLdF64 + j] + F[j * kLdF64 + i]);
+    }
+    __syncthreads();
 
-  // dL = -dR Vn^T and K K^T: dl = strictly_lower(dL * decay), m2 = dl * K K^T, F = diag(beta) dl;
-  // t = beta_i m2 goes to dG like the P terms, m2 to db.
-  Acc dl[4] = {};
-  {
-    Acc kk[4] = {};
-    products(ndr, ks, dl, kk);
-    float lo_t = 0, hi_t = 0, lo_m = 0, hi_m = 0;
+    // dk += dpd^T Q + dls K;  dq += dpd K.
 #pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
+    for (int kt = 0; kt < 4; ++kt) {
+      std::uint32_t at[4], al[4], ad[4];
+      ldmatrix_x4_trans(at, a_rows_km(dpd, kLdH64, r0, 16 * kt));
+      ldmatrix_x4(al, a_rows_mk(dls, kLdH64, r0, 16 * kt));
+      ldmatrix_x4(ad, a_rows_mk(dpd, kLdH64, r0, 16 * kt));
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = row_of(e), j = 32 * half + col(nt, e);
-        const float d = j < i ? decay(i, j) : 0.0f;
-        const float l = dl[nt][e] * d, m2 = l * kk[nt][e];
-        dl[nt][e] = beta[i] * l;  // F
-        (e < 2 ? lo_t : hi_t) += beta[i] * m2;
-        (e < 2 ? lo_m : hi_m) += m2;
-        colsum[nt][e % 2] += beta[i] * m2;
+      for (int np = 0; np < 4; ++np) {
+        std::uint32_t bq[4], bk[4];
+        ldmatrix_x4_trans(bq, b_rows_kn(qs, kLdH, 16 * kt, 64 * half + 16 * np));
+        ldmatrix_x4_trans(bk, b_rows_kn(ks, kLdH, 16 * kt, 64 * half + 16 * np));
+        mma(dk[2 * np], at, bq[0], bq[1]);
+        mma(dk[2 * np + 1], at, bq[2], bq[3]);
+        mma(dk[2 * np], al, bk[0], bk[1]);
+        mma(dk[2 * np + 1], al, bk[2], bk[3]);
+        mma(dq[2 * np], ad, bk[0], bk[1]);
+        mma(dq[2 * np + 1], ad, bk[2], bk[3]);
       }
-    lo_t = row_sum(lo_t), hi_t = row_sum(hi_t), lo_m = row_sum(lo_m), hi_m = row_sum(hi_m);
-    if (lane % 4 == 0) {
-      atomicAdd(dG + r0 + g, lo_t), atomicAdd(dG + r0 + g + 8, hi_t);
-      atomicAdd(db + r0 + g, lo_m), atomicAdd(db + r0 + g + 8, hi_m);
     }
+
+    // [dKb; dQe] = [-dR; scale dO] S^T: dk += diag(beta e) dKb, dq += diag(e) dQe, and their
+    // K . dKb, Q . dQe terms to db and dG.
+    cp_async_wait<0>();
+    __syncthreads();  // S^T has landed
+    const float e_lo = e_of(i_lo), e_hi = e_of(i_hi);
 #pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
+    for (int which = 0; which < 2; ++which) {
+      const bf16* a_src = which ? dos : ndr;
+      const bf16* x_src = which ? qs : ks;
+      Acc x[8] = {};
+      std::uint32_t a[8][4];
+      load_a_mk(a, a_src, kLdH, r0);
+      mma_kn(x, a, st, kLdH, 64 * half);
+      const float scale = which ? p.scale : 1.0f;
+      float lo = 0, hi = 0;
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const float sum = col_sum(colsum[nt][e]);
-        if (g == 0) atomicAdd(dG + 32 * half + 8 * nt + c + e, -sum);
+      for (int nt = 0; nt < 8; ++nt) {
+        const int j = 64 * half + 8 * nt + c;
+        const float2 w_lo = pair(x_src + i_lo * kLdH + j), w_hi = pair(x_src + i_hi * kLdH + j);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) x[nt][e] *= scale;
+        lo += w_lo.x * x[nt][0] + w_lo.y * x[nt][1];
+        hi += w_hi.x * x[nt][2] + w_hi.y * x[nt][3];
+        Acc& out = which ? dq[nt] : dk[nt];
+        const float f_lo = which ? e_lo : beta[i_lo] * e_lo,
+                    f_hi = which ? e_hi : beta[i_hi] * e_hi;
+        out[0] += f_lo * x[nt][0], out[1] += f_lo * x[nt][1];
+        out[2] += f_hi * x[nt][2], out[3] += f_hi * x[nt][3];
       }
-  }
-  __syncthreads();  // every warp is done with Vn and A: F and dP * decay take their place
-#pragma unroll
-  for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; e += 2) {
-      const int i = row_of(e), j = 32 * half + col(nt, e);
-      F[i * kLdF64 + j] = dl[nt][e];
-      F[i * kLdF64 + j + 1] = dl[nt][e + 1];
-      *reinterpret_cast<std::uint32_t*>(dpd + i * kLdH64 + j) = pack_bf16(x1[nt][e], x1[nt][e + 1]);
+      lo = row_sum(lo) * e_lo;
+      hi = row_sum(hi) * e_hi;
+      if (lane % 4 == 0) {
+        if (which) {
+          atomicAdd(dG + i_lo, lo), atomicAdd(dG + i_hi, hi);
+        } else {
+          atomicAdd(db + i_lo, lo), atomicAdd(db + i_hi, hi);
+          atomicAdd(dG + i_lo, beta[i_lo] * lo), atomicAdd(dG + i_hi, beta[i_hi] * hi);
+        }
+      }
     }
-  __syncthreads();
-  for (int idx = tid; idx < kC * kC; idx += kThreads) {
-    const int i = idx / kC, j = idx % kC;
-    dls[i * kLdH64 + j] = from_float<bf16>(F[i * kLdF64 + j] + F[j * kLdF64 + i]);
-  }
-  __syncthreads();
-
-  // dk += dpd^T Q + dls K;  dq = dpd K.
-  Acc dq[8] = {};
-#pragma unroll
-  for (int kt = 0; kt < 4; ++kt) {
-    std::uint32_t at[4], al[4], ad[4];
-    ldmatrix_x4_trans(at, a_rows_km(dpd, kLdH64, r0, 16 * kt));
-    ldmatrix_x4(al, a_rows_mk(dls, kLdH64, r0, 16 * kt));
-    ldmatrix_x4(ad, a_rows_mk(dpd, kLdH64, r0, 16 * kt));
-#pragma unroll
-    for (int np = 0; np < 4; ++np) {
-      std::uint32_t bq[4], bk[4];
-      ldmatrix_x4_trans(bq, b_rows_kn(qs, kLdH, 16 * kt, 64 * half + 16 * np));
-      ldmatrix_x4_trans(bk, b_rows_kn(ks, kLdH, 16 * kt, 64 * half + 16 * np));
-      mma(dk[2 * np], at, bq[0], bq[1]);
-      mma(dk[2 * np + 1], at, bq[2], bq[3]);
-      mma(dk[2 * np], al, bk[0], bk[1]);
-      mma(dk[2 * np + 1], al, bk[2], bk[3]);
-      mma(dq[2 * np], ad, bk[0], bk[1]);
-      mma(dq[2 * np + 1], ad, bk[2], bk[3]);
+    __syncthreads();
+    if (warp == 0) {  // dG_{len-1} += extra; dg_j = sum_{j <= i < len} dG_i (a suffix scan)
+      float lo = lane < len ? dG[lane] : 0.0f, hi = lane + 32 < len ? dG[lane + 32] : 0.0f;
+      if (lane == (len - 1) % 32) (len > 32 ? hi : lo) += extra[0];
+      for (int offset = 1; offset < 32; offset *= 2) {
+        const float a = __shfl_down_sync(0xffffffffu, lo, offset);
+        const float b = __shfl_down_sync(0xffffffffu, hi, offset);
+        if (lane + offset < 32) lo += a, hi += b;
+      }
+      lo += __shfl_sync(0xffffffffu, hi, 0);
+      for (int i = lane; i < len; i += 32) {
+        const long long r = v_row(p, info.b, info.t0 + i, hv);
+        p.dg[r] = i < 32 ? lo : hi;
+        store_scalar(p.dbeta, r, p.beta_code, db[i]);
+      }
     }
+    __syncthreads();  // the next value head's tiles and dG, db wait for every warp
   }
 
-  // [dKb; dQe] = [-dR; scale dO] S^T: dk += diag(beta e) dKb, dq += diag(e) dQe, and their
-  // K . dKb, Q . dQe terms to db and dG.
-  cp_async_wait<0>();
-  __syncthreads();  // S^T has landed
-  const int i_lo = r0 + g, i_hi = i_lo + 8;
-  const float e_lo = e_of(i_lo), e_hi = e_of(i_hi);
+  // dq, dk back through the l2norm (spec 1): dx <- r (dx - x_hat (x_hat . dx)), x_hat = x r,
+  // with x the input q, k. A row's dot sums its 4 lanes, then the two halves in shared memory.
+  float xh[2][8][4] = {}, r[2][2] = {};
+  if (p.l2norm) {
+#pragma unroll
+    for (int which = 0; which < 2; ++which) {
+      const In* x = static_cast<const In*>(which ? p.k : p.q);
+      const Acc* d = which ? dk : dq;
+      float dot[2] = {};
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {  // rows i_lo, i_hi
+        const int i = i_lo + 8 * h;
+        if (i >= len) continue;
+        const long long at = row + static_cast<long long>(i) * p.HK;
+        r[which][h] = (which ? p.rk : p.rq)[at];
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+          const float2 v = unpack2<In>(
+              *reinterpret_cast<const std::uint32_t*>(x + at * kD + 64 * half + 8 * nt + c));
+          xh[which][nt][2 * h] = v.x * r[which][h];
+          xh[which][nt][2 * h + 1] = v.y * r[which][h];
+          dot[h] +=
+              xh[which][nt][2 * h] * d[nt][2 * h] + xh[which][nt][2 * h + 1] * d[nt][2 * h + 1];
+        }
+      }
+      dot[0] = row_sum(dot[0]);
+      dot[1] = row_sum(dot[1]);
+      if (lane % 4 == 0) {
+        dots[(2 * which + half) * kC + i_lo] = dot[0];
+        dots[(2 * which + half) * kC + i_hi] = dot[1];
+      }
+    }
+    __syncthreads();
+  }
 #pragma unroll
   for (int which = 0; which < 2; ++which) {
-    const bf16* a_src = which ? dos : ndr;
-    const bf16* x_src = which ? qs : ks;
-    Acc x[8] = {};
-    std::uint32_t a[8][4];
-    load_a_mk(a, a_src, kLdH, r0);
-    mma_kn(x, a, st, kLdH, 64 * half);
-    const float scale = which ? p.scale : 1.0f;
-    float lo = 0, hi = 0;
+    const Acc* d = which ? dk : dq;
+    In* out = static_cast<In*>(which ? p.dk : p.dq);
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-      const int j = 64 * half + 8 * nt + c;
-      const float2 w_lo = pair(x_src + i_lo * kLdH + j), w_hi = pair(x_src + i_hi * kLdH + j);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) x[nt][e] *= scale;
-      lo += w_lo.x * x[nt][0] + w_lo.y * x[nt][1];
-      hi += w_hi.x * x[nt][2] + w_hi.y * x[nt][3];
-      Acc& out = which ? dq[nt] : dk[nt];
-      const float f_lo = which ? e_lo : beta[i_lo] * e_lo, f_hi = which ? e_hi : beta[i_hi] * e_hi;
-      out[0] += f_lo * x[nt][0], out[1] += f_lo * x[nt][1];
-      out[2] += f_hi * x[nt][2], out[3] += f_hi * x[nt][3];
-    }
-    lo = row_sum(lo) * e_lo;
-    hi = row_sum(hi) * e_hi;
-    if (lane % 4 == 0) {
-      if (which) {
-        atomicAdd(dG + i_lo, lo), atomicAdd(dG + i_hi, hi);
-      } else {
-        atomicAdd(db + i_lo, lo), atomicAdd(db + i_hi, hi);
-        atomicAdd(dG + i_lo, beta[i_lo] * lo), atomicAdd(dG + i_hi, beta[i_hi] * hi);
-      }
-    }
-  }
-#pragma unroll
-  for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; e += 2) {
-      const int i = row_of(e);
+    for (int h = 0; h < 2; ++h) {
+      const int i = i_lo + 8 * h;
       if (i >= len) continue;
-      const long long out = (vrow + static_cast<long long>(i) * p.HV) * kD + 64 * half + col(nt, e);
-      *reinterpret_cast<float2*>(p.dq_hv + out) = {dq[nt][e], dq[nt][e + 1]};
-      *reinterpret_cast<float2*>(p.dk_hv + out) = {dk[nt][e], dk[nt][e + 1]};
-    }
-  __syncthreads();
-  if (warp == 0) {  // dG_{len-1} += extra; dg_j = sum_{j <= i < len} dG_i (a suffix scan)
-    float lo = lane < len ? dG[lane] : 0.0f, hi = lane + 32 < len ? dG[lane + 32] : 0.0f;
-    if (lane == (len - 1) % 32) (len > 32 ? hi : lo) += extra[0];
-    for (int offset = 1; offset < 32; offset *= 2) {
-      const float a = __shfl_down_sync(0xffffffffu, lo, offset);
-      const float b = __shfl_down_sync(0xffffffffu, hi, offset);
-      if (lane + offset < 32) lo += a, hi += b;
-    }
-    lo += __shfl_sync(0xffffffffu, hi, 0);
-    for (int i = lane; i < len; i += 32) {
-      const long long r = v_row(p, info.b, info.t0 + i, hv);
-      p.dg[r] = i < 32 ? lo : hi;
-      store_scalar(p.dbeta, r, p.beta_code, db[i]);
-    }
-  }
-}
-
-// One warp per (token, key head) row, 4 consecutive values per lane: dx = sum over the group,
-// then back through the l2norm: dx <- r (dx - x_hat (x_hat . dx)), x_hat = x r.
-template <typename In>
-__global__ void grad_qk_kernel(Params p, long long rows) {
-  const long long row = static_cast<long long>(blockIdx.x) * kWarps + threadIdx.x / 32;
-  if (row >= rows) return;
-  const int j = 4 * (threadIdx.x % 32), group = p.HV / p.HK;
-  const long long token = row / p.HK, hk = row % p.HK;
+      const float dot = p.l2norm ? dots[2 * which * kC + i] + dots[(2 * which + 1) * kC + i] : 0.0f;
+      const long long at = (row + static_cast<long long>(i) * p.HK) * kD;
 #pragma unroll
-  for (int which = 0; which < 2; ++which) {
-    const float* src = (which ? p.dk_hv : p.dq_hv) + (token * p.HV + hk * group) * kD + j;
-    const In* x = static_cast<const In*>(which ? p.k : p.q) + row * kD + j;
-    const float r = (which ? p.rk : p.rq)[row];
-    const uint2 xr = *reinterpret_cast<const uint2*>(x);
-    const float2 x01 = unpack2<In>(xr.x), x23 = unpack2<In>(xr.y);
-    const float xh[4] = {x01.x * r, x01.y * r, x23.x * r, x23.y * r};
-    float4 dx = *reinterpret_cast<const float4*>(src);
-    for (int gi = 1; gi < group; ++gi) {
-      const float4 y = *reinterpret_cast<const float4*>(src + gi * kD);
-      dx.x += y.x, dx.y += y.y, dx.z += y.z, dx.w += y.w;
+      for (int nt = 0; nt < 8; ++nt) {
+        float d0 = d[nt][2 * h], d1 = d[nt][2 * h + 1];
+        if (p.l2norm) {
+          d0 = r[which][h] * (d0 - xh[which][nt][2 * h] * dot);
+          d1 = r[which][h] * (d1 - xh[which][nt][2 * h + 1] * dot);
+        }
+        *reinterpret_cast<std::uint32_t*>(out + at + 64 * half + 8 * nt + c) = pack2<In>(d0, d1);
+      }
     }
-    float d[4] = {dx.x, dx.y, dx.z, dx.w};
-    if (p.l2norm) {
-      const float dot = warp_sum(xh[0] * d[0] + xh[1] * d[1] + xh[2] * d[2] + xh[3] * d[3]);
-      for (int m = 0; m < 4; ++m) d[m] = r * (d[m] - xh[m] * dot);
-    }
-    In* out = static_cast<In*>(which ? p.dk : p.dq) + row * kD + j;
-    *reinterpret_cast<uint2*>(out) = uint2{pack2<In>(d[0], d[1]), pack2<In>(d[2], d[3])};
   }
 }
 
@@ -414,21 +443,11 @@ void launch_grad_chunk(const Params& p, cudaStream_t stream) {
   auto kernel = grad_chunk_kernel<In>;
   GDN_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, GradSmem::bytes));
-  kernel<<<dim3(p.NC, p.HV), kThreads, GradSmem::bytes, stream>>>(p);
-  GDN_CUDA_CHECK_LAUNCH();
-}
-
-template <typename In>
-void launch_grad_qk(const Params& p, cudaStream_t stream) {
-  const long long rows = static_cast<long long>(p.B) * p.T * p.HK;
-  grad_qk_kernel<In>
-      <<<static_cast<unsigned>((rows + kWarps - 1) / kWarps), kThreads, 0, stream>>>(p, rows);
+  kernel<<<dim3(p.NC, p.HK), kThreads, GradSmem::bytes, stream>>>(p);
   GDN_CUDA_CHECK_LAUNCH();
 }
 
 template void launch_grad_chunk<bf16>(const Params&, cudaStream_t);
 template void launch_grad_chunk<__half>(const Params&, cudaStream_t);
-template void launch_grad_qk<bf16>(const Params&, cudaStream_t);
-template void launch_grad_qk<__half>(const Params&, cudaStream_t);
 
 }  // namespace gdn::cuda

@@ -4,7 +4,7 @@
 //
 // forward:  setup, chunk_prep, [state_forward<summary>, combine], state_forward<output>
 // backward: {setup, chunk_prep, [state_forward<summary>, combine]}, state_forward<recompute>,
-//           [state_backward<summary>, combine<reverse>], state_backward, grad_chunk, grad_qk
+//           [state_backward<summary>, combine<reverse>], state_backward, grad_chunk
 // (the bracketed launches only when sequences are cut into segments, seg_count > 1; the braced
 // ones not when the backward reads the forward's workspace).
 
@@ -34,11 +34,9 @@ void launch_state_backward(const Params& p, cudaStream_t stream);
 // Composes the segment summaries: the state entering each segment (forward), or the state
 // gradient leaving each segment (reverse).
 void launch_combine(const Params& p, bool reverse, cudaStream_t stream);
-// Per (chunk, value head): dv, dg, dbeta and the value head's share of dq, dk.
+// Per (chunk, key head), looping over its value heads: dv, dg, dbeta per value head; dq, dk
+// summed over the group and back through the l2norm.
 template <typename In>
 void launch_grad_chunk(const Params& p, cudaStream_t stream);
-// dq, dk: the group's sum, back through the l2norm.
-template <typename In>
-void launch_grad_qk(const Params& p, cudaStream_t stream);
 
 }  // namespace gdn::cuda

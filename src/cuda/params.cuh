@@ -71,8 +71,6 @@ struct Params {
   const float* dht;  // [N, HV, K, V]  optional
   bf16* dh;          // [NC, HV, V, K]   gradient of the state leaving each chunk, transposed
   bf16* dvn;         // [NC, HV, 64, V]  dVn
-  float* dq_hv;      // [B, T, HV, K]  per value head, before the group sum and the l2norm
-  float* dk_hv;      // [B, T, HV, K]
   void* dq;          // [B, T, HK, K]  In
   void* dk;          // [B, T, HK, K]  In
   void* dv;          // [B, T, HV, V]  In
