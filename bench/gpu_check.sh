@@ -13,6 +13,7 @@ for stage in $stages; do
   case "$stage" in
     test)
       .device/test_cuda_l2norm 2>&1 | tail -1
+      .device/test_cuda_wgmma 2>&1 | grep -E "OK|FAILED|Failure|first value|PASSED"
       .device/test_cuda_delta_rule >"$out/test.log" 2>&1
       grep -E "errors|FAILED|Failure|PASSED" "$out/test.log" | tail -30 ;;
     sanitize)

@@ -126,8 +126,12 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(Params p) {
   chunk_cumsum(G);
   __syncthreads();
   if (tid < kC) {
+    const float e = __expf(G[tid]);
     p.G[s * kC + tid] = G[tid];
     p.bt[s * kC + tid] = beta[tid];
+    p.gates[s * 3 * kC + tid] = e;
+    p.gates[s * 3 * kC + kC + tid] = __expf(G[kC - 1] - G[tid]);
+    p.gates[s * 3 * kC + 2 * kC + tid] = beta[tid] * e;
   }
 
   // K K^T and Q K^T for rows 16 warp .. 16 warp + 15.

@@ -151,6 +151,7 @@ std::size_t plan(const DeltaRuleInputs& in, const DeltaRuleShape& s, ChunkCount 
   p.rk = c.take<float>(tokens * s.HK);
   p.G = c.take<float>(slots * kC);
   p.bt = c.take<float>(slots * kC);
+  p.gates = c.take<float>(slots * 3 * kC);
   p.A = c.take<bf16>(slots * kC * kC);
   p.P = c.take<bf16>(slots * kC * kC);
   const std::int64_t matrices = s.N * p.seg_count * s.HV * kD * kD;

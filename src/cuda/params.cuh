@@ -49,6 +49,7 @@ struct Params {
   float* rk;          // [B, T, HK]
   float* G;           // [NC, HV, 64]   chunk-local cumsum of g (padded rows: the last value)
   float* bt;          // [NC, HV, 64]   beta as f32 (padded rows: 0)
+  float* gates;       // [NC, HV, 3, 64] exp(G), exp(G_last - G), beta exp(G)
   bf16* A;            // [NC, HV, 64, 64] (I + L)^-1
   bf16* P;            // [NC, HV, 64, 64] scale (Q K^T) * exp(G_i - G_j), i >= j
   bf16* h;            // [NC, HV, V, K]   state entering each chunk, transposed (backward only)

@@ -24,7 +24,8 @@ __global__ void __launch_bounds__(kThreads, 1) state_backward_kernel(Params p) {
   if (seg.chunks <= 0 || (kSummary && seg.is_first)) return;
   const int first = seg.first, chunks = seg.chunks;
   const int c = 2 * (lane % 4);
-  extern __shared__ __align__(128) unsigned char smem[];
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  unsigned char* smem = stage_memory(smem_raw);
   [[maybe_unused]] bf16* staging =
       reinterpret_cast<bf16*>(smem + Stage::staging) + warp * kC * kLdO;
   auto prefetch_step = [&](int step) {  // step 0 is the last chunk
@@ -43,31 +44,27 @@ __global__ void __launch_bounds__(kThreads, 1) state_backward_kernel(Params p) {
   for (int step = 0; step < kStages - 1; ++step) prefetch_step(step);
   for (int step = 0; step < chunks; ++step) {
     prefetch_step(step + kStages - 1);
-    cp_async_wait<kStages - 1>();
-    __syncthreads();
+    wait_tiles();
     const Tiles t = tiles(smem, step % kStages);
     [[maybe_unused]] const long long s = slot(p, first + chunks - 1 - step, hv);
-    const float g_last = t.g[kC - 1];
 
     std::uint32_t da[8][4];
     state_to_a(da, dS);
     if constexpr (!kSummary) store_state_t(p.dh + s * kD * kD, vw, da);
 
-    // dVn^T = (dS^T K^T) diag(f) + dO^T P.
-    Acc dvn[8] = {};
-    mma_nk(dvn, da, t.k, kLdH);
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) dvn[nt][e] *= __expf(g_last - t.g[8 * nt + c + e % 2]);
+    // dVn^T = (dS^T K^T) diag(f) + dO^T P; dO^T is loaded while dS^T K^T runs.
+    Acc dvn[8];
+    wgmma_fence();
+    wgmma_nk(dvn, da, t.k, false);
+    wgmma_commit();
     std::uint32_t oa[4][4], sa[4][4];  // dO^T, and dO^T diag(scale e)
 #pragma unroll
     for (int kt = 0; kt < 4; ++kt) {
       float2 d[4];
       load_slice_t<In>(d, t.v, kt);
       const int c0 = 16 * kt + c, c8 = c0 + 8;
-      const float e0 = p.scale * __expf(t.g[c0]), e1 = p.scale * __expf(t.g[c0 + 1]),
-                  e8 = p.scale * __expf(t.g[c8]), e9 = p.scale * __expf(t.g[c8 + 1]);
+      const float e0 = p.scale * t.e[c0], e1 = p.scale * t.e[c0 + 1], e8 = p.scale * t.e[c8],
+                  e9 = p.scale * t.e[c8 + 1];
       oa[kt][0] = pack_bf16(d[0].x, d[0].y);
       oa[kt][1] = pack_bf16(d[1].x, d[1].y);
       oa[kt][2] = pack_bf16(d[2].x, d[2].y);
@@ -77,26 +74,45 @@ __global__ void __launch_bounds__(kThreads, 1) state_backward_kernel(Params p) {
       sa[kt][2] = pack_bf16(e8 * d[2].x, e9 * d[2].y);
       sa[kt][3] = pack_bf16(e8 * d[3].x, e9 * d[3].y);
     }
-    mma_kn(dvn, oa, t.pm, kLdH64);
-    if constexpr (!kSummary) store_tokens<bf16>(dvn, staging, p.dvn + s * kC * kD + vw, kD, kC);
+    wgmma_wait<0>();
+    fence_acc(dvn);
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dvn[nt][e] *= t.f[8 * nt + c + e % 2];
+    wgmma_fence();
+    wgmma_kn(dvn, oa, t.pm, kC, true);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_acc(dvn);
 
-    // Y = dVn^T A, then dS^T = gamma dS^T + (dO^T diag(scale e)) Q - (Y diag(beta e)) K.
+    // Y = dVn^T A, then dS^T = gamma dS^T + (dO^T diag(scale e)) Q - (Y diag(beta e)) K (the
+    // Q term runs while dVn is stored and Y scaled).
     std::uint32_t na[4][4];
 #pragma unroll
     for (int kt = 0; kt < 4; ++kt) acc_to_a(na[kt], dvn, kt, [](int) { return 1.0f; });
-    Acc y[8] = {};
-    mma_kn(y, na, t.a, kLdH64);
-    std::uint32_t ya[4][4];
-#pragma unroll
-    for (int kt = 0; kt < 4; ++kt)
-      acc_to_a(ya[kt], y, kt, [&](int j) { return -t.beta[j] * __expf(t.g[j]); });
-    const float gamma = __expf(g_last);
+    const float gamma = t.e[kC - 1];
 #pragma unroll
     for (int nt = 0; nt < 16; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) dS[nt][e] *= gamma;
-    mma_kn(dS, sa, t.q, kLdH);
-    mma_kn(dS, ya, t.k, kLdH);
+    Acc y[8];
+    wgmma_fence();
+    wgmma_kn(y, na, t.a, kC, false);
+    wgmma_commit();
+    wgmma_kn(dS, sa, t.q, kC, true);
+    wgmma_commit();
+    if constexpr (!kSummary) store_tokens<bf16>(dvn, staging, p.dvn + s * kC * kD + vw, kD, kC);
+    wgmma_wait<1>();
+    fence_acc(y);
+    std::uint32_t ya[4][4];
+#pragma unroll
+    for (int kt = 0; kt < 4; ++kt) acc_to_a(ya[kt], y, kt, [&](int j) { return -t.be[j]; });
+    wgmma_fence();
+    wgmma_kn(dS, ya, t.k, kC, true);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_acc(dS);
     __syncthreads();
   }
   cp_async_wait<0>();

@@ -27,7 +27,8 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
   if (seg.chunks <= 0 || (kSummary && (seg.is_last || (transfer && seg.is_first)))) return;
   const int first = seg.first, chunks = seg.chunks;
   const int c = 2 * (lane % 4);  // this lane's first column within an 8-column tile
-  extern __shared__ __align__(128) unsigned char smem[];
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  unsigned char* smem = stage_memory(smem_raw);
   [[maybe_unused]] bf16* staging =
       reinterpret_cast<bf16*>(smem + Stage::staging) + warp * kC * kLdO;
   if (transfer)  // V = 0: its tiles are zeroed once and never loaded
@@ -53,21 +54,26 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
   for (int i = 0; i < kStages - 1; ++i) prefetch_chunk(i);
   for (int i = 0; i < chunks; ++i) {
     prefetch_chunk(i + kStages - 1);
-    cp_async_wait<kStages - 1>();
-    __syncthreads();
+    wait_tiles();
     const Tiles t = tiles(smem, i % kStages);
     const int cid = first + i;
     [[maybe_unused]] const long long s = slot(p, cid, hv);
-    const float g_last = t.g[kC - 1];
 
     std::uint32_t sa[8][4];
     state_to_a(sa, S);
     if constexpr (kPass == Pass::recompute) store_state_t(p.h + s * kD * kD, vw, sa);
 
-    // (K S)^T and (Q S)^T: B = K^T, Q^T from their row-major tiles.
-    Acc ks[8] = {}, qs[8] = {};
-    mma_nk(ks, sa, t.k, kLdH);
-    if constexpr (kOutput) mma_nk(qs, sa, t.q, kLdH);
+    // (K S)^T and (Q S)^T = S^T K^T, S^T Q^T: B = K^T, Q^T, that is K, Q as K-major tiles.
+    Acc ks[8], qs[8];
+    wgmma_fence();
+    wgmma_nk(ks, sa, t.k, false);
+    wgmma_commit();
+    if constexpr (kOutput) {
+      wgmma_nk(qs, sa, t.q, false);
+      wgmma_commit();
+    }
+    wgmma_wait<kOutput ? 1 : 0>();
+    fence_acc(ks);
 
     // X^T diag(beta) = (V^T - (K S)^T diag(e)) diag(beta), as A fragments.
     std::uint32_t xa[4][4];
@@ -76,8 +82,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
       float2 v[4];
       load_slice_t<In>(v, t.v, kt);
       const int c0 = 16 * kt + c, c8 = c0 + 8;
-      const float e0 = __expf(t.g[c0]), e1 = __expf(t.g[c0 + 1]), e8 = __expf(t.g[c8]),
-                  e9 = __expf(t.g[c8 + 1]);
+      const float e0 = t.e[c0], e1 = t.e[c0 + 1], e8 = t.e[c8], e9 = t.e[c8 + 1];
       const float b0 = t.beta[c0], b1 = t.beta[c0 + 1], b8 = t.beta[c8], b9 = t.beta[c8 + 1];
       const float* lo = ks[2 * kt];
       const float* hi = ks[2 * kt + 1];
@@ -88,36 +93,51 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
     }
 
     // Vn^T = X^T diag(beta) A^T.
-    Acc vn[8] = {};
-    mma_nk(vn, xa, t.a, kLdH64);
+    Acc vn[8];
+    wgmma_fence();
+    wgmma_nk(vn, xa, t.a, false);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_acc(vn);
 
     if constexpr (kOutput) {  // O^T = (Q S)^T diag(scale e) + Vn^T P^T
+      fence_acc(qs);
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) qs[nt][e] *= p.scale * __expf(t.g[8 * nt + c + e % 2]);
+        for (int e = 0; e < 4; ++e) qs[nt][e] *= p.scale * t.e[8 * nt + c + e % 2];
       std::uint32_t va[4][4];
 #pragma unroll
       for (int kt = 0; kt < 4; ++kt) acc_to_a(va[kt], vn, kt, [](int) { return 1.0f; });
-      mma_nk(qs, va, t.pm, kLdH64);
+      wgmma_fence();
+      wgmma_nk(qs, va, t.pm, true);
+      wgmma_commit();
+    }
+
+    // S^T = gamma S^T + (Vn^T diag(f)) K, K as an MN-major tile; overlaps the stores of O or Vn.
+    std::uint32_t fa[4][4];
+#pragma unroll
+    for (int kt = 0; kt < 4; ++kt) acc_to_a(fa[kt], vn, kt, [&](int j) { return t.f[j]; });
+    const float gamma = t.e[kC - 1];
+#pragma unroll
+    for (int nt = 0; nt < 16; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) S[nt][e] *= gamma;
+    wgmma_fence();
+    wgmma_kn(S, fa, t.k, kC, true);
+    wgmma_commit();
+
+    if constexpr (kOutput) {
+      wgmma_wait<1>();
+      fence_acc(qs);
       const ChunkInfo info = p.chunks[cid];
       In* o = static_cast<In*>(p.o) + v_row(p, info.b, info.t0, hv) * kD + vw;
       store_tokens<In>(qs, staging, o, static_cast<long long>(p.HV) * kD, info.len);
     } else if constexpr (kPass == Pass::recompute) {
       store_tokens<bf16>(vn, staging, p.vn + s * kC * kD + vw, kD, kC);
     }
-
-    // S^T = gamma S^T + (Vn^T diag(f)) K.
-    std::uint32_t fa[4][4];
-#pragma unroll
-    for (int kt = 0; kt < 4; ++kt)
-      acc_to_a(fa[kt], vn, kt, [&](int j) { return __expf(g_last - t.g[j]); });
-    const float gamma = __expf(g_last);
-#pragma unroll
-    for (int nt = 0; nt < 16; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) S[nt][e] *= gamma;
-    mma_kn(S, fa, t.k, kLdH);
+    wgmma_wait<0>();
+    fence_acc(S);
     __syncthreads();
   }
   cp_async_wait<0>();

@@ -2,17 +2,17 @@
 // What the two chunk-serial state passes (state_forward.cu, state_backward.cu) share.
 //
 // A block owns one (segment of a sequence, value head); each of its 8 warps owns 16 columns of
-// V and keeps its 16 x 128 slice of the state transposed (S^T, or dS^T) as f32 mma accumulators:
-// every product of a chunk then takes the state from registers (research/kernels.md 6.1), and a
-// warp never waits for another. The block streams the chunk's tiles (K, Q, A, P, V or dO, G,
-// beta) through kStages cp.async buffers.
+// V and keeps its 16 x 128 slice of the state transposed (S^T, or dS^T) as f32 accumulators, and
+// each warpgroup (4 warps, 64 columns of V) runs the chunk's products as wgmma with the state as
+// the register A operand (research/kernels.md 6.1): the state never leaves registers. The block
+// streams the chunk's tiles (K, Q, A, P, V or dO, G, beta) through kStages cp.async buffers.
 //
 // A sequence's chunks are cut into p.seg_count segments of p.seg_len chunks (delta_rule.cu picks
 // the count so that the blocks fill the GPU). The segments run in parallel from states that the
 // affine summaries of spec 4 provide: per segment, the local state from zero and the K x K transfer
 // matrix (state_forward's summary mode), composed serially by combine.cu.
-#include "cuda/mma.cuh"
 #include "cuda/params.cuh"
+#include "cuda/wgmma.cuh"
 
 namespace gdn::cuda::state_pass {
 
@@ -21,20 +21,26 @@ constexpr int kThreads = 32 * kWarps;
 constexpr int kLdO = 24;  // 16-bit row stride of a warp's 64 x 16 staging tile
 constexpr int kStages = 2;
 
-// One stage's tiles, in bytes from the stage's start.
+// One stage's tiles, in bytes from the stage's start. K, Q, A and P are swizzled tiles
+// (wgmma.cuh), the B operands of the warpgroup products; V (or dO) is read by ldmatrix.
 struct Stage {
-  static constexpr int k = 0;                     // bf16 [64][136]
-  static constexpr int q = k + kC * kLdH * 2;     // bf16 [64][136]
-  static constexpr int a = q + kC * kLdH * 2;     // bf16 [64][72]
-  static constexpr int pm = a + kC * kLdH64 * 2;  // bf16 [64][72]
-  static constexpr int v = pm + kC * kLdH64 * 2;  // 16-bit [64][136]  V or dO
-  static constexpr int g = v + kC * kLdH * 2;     // f32 [64]
-  static constexpr int beta = g + kC * 4;         // f32 [64]
-  static constexpr int bytes = beta + kC * 4;
+  static constexpr int k = 0;                      // bf16 [64][128] swizzled
+  static constexpr int q = k + kC * kD * 2;        // bf16 [64][128] swizzled
+  static constexpr int a = q + kC * kD * 2;        // bf16 [64][64] swizzled
+  static constexpr int pm = a + kC * kC * 2;       // bf16 [64][64] swizzled
+  static constexpr int v = pm + kC * kC * 2;       // 16-bit [64][136]  V or dO
+  static constexpr int gates = v + kC * kLdH * 2;  // f32 [3][64]  e, f, beta e (params.cuh)
+  static constexpr int beta = gates + 3 * kC * 4;  // f32 [64]
+  static constexpr int bytes = (beta + kC * 4 + 1023) / 1024 * 1024;
   static constexpr int staging = kStages * bytes;  // 16-bit [kWarps][64][kLdO]
-  static constexpr int smem_bytes = staging + kWarps * kC * kLdO * 2;
+  // + 1024: the dynamic shared memory is aligned up to 1024 bytes (stage_memory).
+  static constexpr int smem_bytes = staging + kWarps * kC * kLdO * 2 + 1024;
 };
-static_assert(Stage::bytes % 128 == 0);
+
+// The block's dynamic shared memory, aligned for the swizzled tiles.
+__device__ inline unsigned char* stage_memory(unsigned char* smem) {
+  return smem + ((1024 - smem_address(smem) % 1024) % 1024);
+}
 
 // Segment k = z % seg_count of sequence n = z / seg_count (blockIdx.z = z): its chunk slots first
 // .. first + chunks - 1 (chunks <= 0: past the sequence's end), and whether it is the sequence's
@@ -62,7 +68,7 @@ __device__ inline float* segment_matrix(float* base, const Params& p, int z, int
 struct Tiles {
   const bf16 *k, *q, *a, *pm;
   const void* v;
-  const float *g, *beta;
+  const float *e, *f, *be, *beta;  // exp(G), exp(G_last - G), beta exp(G), beta
 };
 
 __device__ inline Tiles tiles(const unsigned char* smem, int buf) {
@@ -72,46 +78,59 @@ __device__ inline Tiles tiles(const unsigned char* smem, int buf) {
           reinterpret_cast<const bf16*>(s + Stage::a),
           reinterpret_cast<const bf16*>(s + Stage::pm),
           s + Stage::v,
-          reinterpret_cast<const float*>(s + Stage::g),
+          reinterpret_cast<const float*>(s + Stage::gates),
+          reinterpret_cast<const float*>(s + Stage::gates) + kC,
+          reinterpret_cast<const float*>(s + Stage::gates) + 2 * kC,
           reinterpret_cast<const float*>(s + Stage::beta)};
 }
 
 // Issues the copies of chunk slot `cid`'s tiles into buffer `buf` (no commit): K always, Q, P
-// and the rows of `slice` ([B, T, HV, 128] 16-bit: V or dO) when given.
+// and the rows of `slice` ([B, T, HV, 128] 16-bit: V or dO) when given. Thread t copies piece
+// t % 16 of rows t / 16 + 16 j of the 128-wide tiles and piece t % 8 of rows t / 8 + 32 j of the
+// 64-wide ones: rows 8 apart share a swizzle, so only the chunk's base addresses change.
 __device__ inline void prefetch(const Params& p, unsigned char* smem, int buf, int cid, int hv,
                                 bool with_q, bool with_p, const void* slice) {
   const ChunkInfo info = p.chunks[cid];
   const long long s = slot(p, cid, hv);
   unsigned char* base = smem + buf * Stage::bytes;
   const int hk = hv / (p.HV / p.HK), tid = threadIdx.x;
-  const long long row = qk_row(p, info.b, info.t0, hk);
-  for (int idx = tid; idx < kC * 16; idx += kThreads) {
-    const int r = idx / 16, part = idx % 16;
-    const bool valid = r < info.len;
-    const long long off = valid ? (row + static_cast<long long>(r) * p.HK) * kD + part * 8 : 0;
-    cp_async16(base + Stage::k + (r * kLdH + part * 8) * 2, p.kn + off, valid);
-    if (with_q) cp_async16(base + Stage::q + (r * kLdH + part * 8) * 2, p.qn + off, valid);
+  const int r = tid / 16, piece = tid % 16, at = swizzled_offset(kC, r, piece);
+  const long long qk = (qk_row(p, info.b, info.t0, hk) + r * p.HK) * kD + piece * 8;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const bool valid = r + 16 * j < info.len;
+    const long long off = valid ? qk + 16LL * j * p.HK * kD : 0;
+    cp_async16(base + Stage::k + at + 2048 * j, p.kn + off, valid);
+    if (with_q) cp_async16(base + Stage::q + at + 2048 * j, p.qn + off, valid);
   }
-  for (int idx = tid; idx < kC * 8; idx += kThreads) {
-    const int r = idx / 8, part = idx % 8;
-    const long long off = s * kC * kC + r * kC + part * 8;
-    cp_async16(base + Stage::a + (r * kLdH64 + part * 8) * 2, p.A + off, true);
-    if (with_p) cp_async16(base + Stage::pm + (r * kLdH64 + part * 8) * 2, p.P + off, true);
+  const int r64 = tid / 8, piece64 = tid % 8, at64 = swizzled_offset(kC, r64, piece64);
+  const long long tile = s * kC * kC + r64 * kC + piece64 * 8;
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    cp_async16(base + Stage::a + at64 + 4096 * j, p.A + tile + 32 * kC * j, true);
+    if (with_p) cp_async16(base + Stage::pm + at64 + 4096 * j, p.P + tile + 32 * kC * j, true);
   }
   if (slice) {
     const unsigned short* src = static_cast<const unsigned short*>(slice);
-    const long long vrow = v_row(p, info.b, info.t0, hv);
-    for (int idx = tid; idx < kC * 16; idx += kThreads) {
-      const int r = idx / 16, part = idx % 16;
-      const bool valid = r < info.len;
-      const long long off = valid ? (vrow + static_cast<long long>(r) * p.HV) * kD + part * 8 : 0;
-      cp_async16(base + Stage::v + (r * kLdH + part * 8) * 2, src + off, valid);
+    const long long v = (v_row(p, info.b, info.t0, hv) + r * p.HV) * kD + piece * 8;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const bool valid = r + 16 * j < info.len;
+      cp_async16(base + Stage::v + ((r + 16 * j) * kLdH + piece * 8) * 2,
+                 src + (valid ? v + 16LL * j * p.HV * kD : 0), valid);
     }
   }
-  if (tid < 16)
-    cp_async16(base + Stage::g + tid * 16, p.G + s * kC + tid * 4, true);
-  else if (tid < 32)
-    cp_async16(base + Stage::beta + (tid - 16) * 16, p.bt + s * kC + (tid - 16) * 4, true);
+  if (tid < 48)
+    cp_async16(base + Stage::gates + tid * 16, p.gates + s * 3 * kC + tid * 4, true);
+  else if (tid < 64)
+    cp_async16(base + Stage::beta + (tid - 48) * 16, p.bt + s * kC + (tid - 48) * 4, true);
+}
+
+// Waits for the chunk tiles copied kStages - 1 prefetches ago (cp.async needs no proxy fence
+// before wgmma reads them, as in CUTLASS's cp.async wgmma main loops).
+__device__ inline void wait_tiles() {
+  cp_async_wait<kStages - 1>();
+  __syncthreads();
 }
 
 // The A fragments of this warp's 16 x 128 state slice (acc) rounded to bf16.

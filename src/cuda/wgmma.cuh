@@ -1,0 +1,134 @@
+#pragma once
+// Warpgroup tensor-core products (wgmma, sm_90a) with A from registers and B from shared memory.
+//
+// A warpgroup is 4 consecutive warps; warp w % 4 holds rows 16 (w % 4) .. + 15 of the 64-row A
+// and accumulator, in exactly mma.cuh's fragment layouts: an accumulator of 8 N columns is one
+// Acc, an A k-tile four registers. So a state kept as accumulators (state_pass.cuh) feeds either
+// instruction unchanged.
+//
+// B lives in a "swizzled tile": R rows x W columns of bf16 (W a multiple of 64) stored as W / 64
+// blocks of R rows x 128 bytes, each 16-byte piece p of row r at piece p ^ (r % 8) (the 128-byte
+// swizzle; each block 1024-byte aligned). The same tile serves as B = X^T (n = rows, k = columns:
+// "K-major") and as B = X (k = rows, n = columns: "MN-major", the instruction's transpose bit).
+
+#include <cstdint>
+
+#include "cuda/mma.cuh"
+
+namespace gdn::cuda {
+
+// Byte offset of 16-byte piece `piece` (8 bf16 columns 8 piece ..) of row r in a swizzled tile
+// of `rows` rows.
+__device__ inline int swizzled_offset(int rows, int r, int piece) {
+  return (piece / 8) * rows * 128 + r * 128 + ((piece % 8) ^ (r % 8)) * 16;
+}
+
+// The matrix descriptor: start address, leading and stride byte offsets, 128-byte swizzle.
+__device__ inline std::uint64_t wgmma_desc(const void* start, int leading, int stride) {
+  return (static_cast<std::uint64_t>(smem_address(start) >> 4) & 0x3fff) |
+         (static_cast<std::uint64_t>(leading >> 4) & 0x3fff) << 16 |
+         (static_cast<std::uint64_t>(stride >> 4) & 0x3fff) << 32 | std::uint64_t{1} << 62;
+}
+
+__device__ inline void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ inline void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+// Waits until at most `kPending` committed groups are still running.
+template <int kPending>
+__device__ inline void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+// Keeps the compiler from moving reads or writes of acc across a wgmma issue or wait.
+template <int N>
+__device__ inline void fence_acc(Acc (&acc)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(acc[i][e])::"memory");
+}
+
+// acc (= or +=, by `accumulate`) a B for one k-tile, N = 64 or 128 columns; kTrans: B is MN-major.
+template <bool kTrans>
+__device__ inline void wgmma_n64(Acc (&d)[8], const std::uint32_t (&a)[4], std::uint64_t desc,
+                                 bool accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "{%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+        "+f"(d[7][2]), "+f"(d[7][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(static_cast<int>(accumulate)),
+        "n"(static_cast<int>(kTrans)));
+}
+template <bool kTrans>
+__device__ inline void wgmma_n128(Acc (&d)[16], const std::uint32_t (&a)[4], std::uint64_t desc,
+                                  bool accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "{%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+        "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+        "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]),
+        "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]),
+        "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
+        "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]),
+        "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]),
+        "+f"(d[15][2]), "+f"(d[15][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(static_cast<int>(accumulate)),
+        "n"(static_cast<int>(kTrans)));
+}
+
+template <int N, bool kTrans>
+__device__ inline void wgmma_tile(Acc (&d)[N], const std::uint32_t (&a)[4], std::uint64_t desc,
+                                  bool accumulate) {
+  static_assert(N == 8 || N == 16, "64 or 128 columns");
+  if constexpr (N == 8)
+    wgmma_n64<kTrans>(d, a, desc, accumulate);
+  else
+    wgmma_n128<kTrans>(d, a, desc, accumulate);
+}
+
+// d (+)= a X^T, X a swizzled tile of 8 N rows (B's n) and 16 KT columns (B's k): the warpgroup
+// analog of mma_nk. Issues only; the caller commits and waits.
+template <int N, int KT>
+__device__ inline void wgmma_nk(Acc (&d)[N], const std::uint32_t (&a)[KT][4], const bf16* x,
+                                bool accumulate) {
+  const auto* base = reinterpret_cast<const unsigned char*>(x);
+#pragma unroll
+  for (int kt = 0; kt < KT; ++kt)  // k-tile kt: block kt / 4, 32 bytes into each 128-byte row
+    wgmma_tile<N, false>(d, a[kt],
+                         wgmma_desc(base + (kt / 4) * 8 * N * 128 + (kt % 4) * 32, 16, 1024),
+                         accumulate || kt > 0);
+}
+// d (+)= a X, X a swizzled tile of `rows` rows (B's k, 16 KT of them used) and 8 N columns
+// (B's n): the analog of mma_kn.
+template <int N, int KT>
+__device__ inline void wgmma_kn(Acc (&d)[N], const std::uint32_t (&a)[KT][4], const bf16* x,
+                                int rows, bool accumulate) {
+  const auto* base = reinterpret_cast<const unsigned char*>(x);
+#pragma unroll
+  for (int kt = 0; kt < KT;
+       ++kt)  // k-tile kt: rows 16 kt .., 2048 bytes on; blocks rows * 128 apart
+    wgmma_tile<N, true>(d, a[kt], wgmma_desc(base + kt * 2048, rows * 128, 1024),
+                        accumulate || kt > 0);
+}
+
+}  // namespace gdn::cuda

@@ -1,0 +1,107 @@
+// The warpgroup products of src/cuda/wgmma.cuh (A from registers, B a swizzled shared tile, in
+// both majors) against a float64 host product on random bf16 inputs (skips without a GPU).
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "cuda/check.h"
+#include "cuda/wgmma.cuh"
+
+namespace gdn::cuda {
+namespace {
+
+bool have_gpu() {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+}
+
+// out = 2 a B (issued twice: once overwriting, once accumulating) for a: [64][16 KT] and
+// x: [8 N][16 KT] (B = x^T, kTrans false) or [16 KT][8 N] (B = x, kTrans true), row-major.
+template <int N, int KT, bool kTrans>
+__global__ void product_kernel(const bf16* a, const bf16* x, float* out) {
+  constexpr int kK = 16 * KT, kLdA = kK + 8, kRows = kTrans ? kK : 8 * N,
+                kCols = kTrans ? 8 * N : kK;
+  __shared__ __align__(1024) unsigned char xs[kRows * kCols * 2];
+  __shared__ __align__(16) bf16 as[64 * kLdA];
+  for (int i = threadIdx.x; i < 64 * kK; i += blockDim.x) as[(i / kK) * kLdA + i % kK] = a[i];
+  for (int i = threadIdx.x; i < kRows * kCols / 8; i += blockDim.x) {
+    const int r = i / (kCols / 8), piece = i % (kCols / 8);
+    *reinterpret_cast<uint4*>(xs + swizzled_offset(kRows, r, piece)) =
+        reinterpret_cast<const uint4*>(x)[i];
+  }
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  __syncthreads();
+  std::uint32_t frag[KT][4];
+  load_a_mk<KT>(frag, as, kLdA, 16 * (threadIdx.x / 32));
+  Acc d[N];
+  wgmma_fence();
+  for (int twice = 0; twice < 2; ++twice) {
+    if constexpr (kTrans)
+      wgmma_kn(d, frag, reinterpret_cast<const bf16*>(xs), kRows, twice == 1);
+    else
+      wgmma_nk(d, frag, reinterpret_cast<const bf16*>(xs), twice == 1);
+  }
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_acc(d);
+  const int row = 16 * (threadIdx.x / 32) + threadIdx.x % 32 / 4, c = 2 * (threadIdx.x % 4);
+  for (int nt = 0; nt < N; ++nt)
+    for (int e = 0; e < 4; ++e) out[(row + 8 * (e / 2)) * 8 * N + 8 * nt + c + e % 2] = d[nt][e];
+}
+
+template <int N, int KT, bool kTrans>
+void check_product() {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  constexpr int kK = 16 * KT, kN = 8 * N;
+  std::mt19937_64 rng(kN * 100 + kK + kTrans);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<bf16> a(64 * kK), x(kN * kK);
+  for (auto& v : a) v = __float2bfloat16(normal(rng));
+  for (auto& v : x) v = __float2bfloat16(normal(rng));
+  auto b = [&](int k, int n) {  // B[k][n]
+    return static_cast<double>(__bfloat162float(kTrans ? x[k * kN + n] : x[n * kK + k]));
+  };
+  bf16 *d_a, *d_x;
+  float* d_out;
+  GDN_CUDA_CHECK(cudaMalloc(&d_a, a.size() * 2));
+  GDN_CUDA_CHECK(cudaMalloc(&d_x, x.size() * 2));
+  GDN_CUDA_CHECK(cudaMalloc(&d_out, 64 * kN * 4));
+  GDN_CUDA_CHECK(cudaMemcpy(d_a, a.data(), a.size() * 2, cudaMemcpyHostToDevice));
+  GDN_CUDA_CHECK(cudaMemcpy(d_x, x.data(), x.size() * 2, cudaMemcpyHostToDevice));
+  product_kernel<N, KT, kTrans><<<1, 128>>>(d_a, d_x, d_out);
+  GDN_CUDA_CHECK(cudaGetLastError());
+  std::vector<float> out(64 * kN);
+  GDN_CUDA_CHECK(cudaMemcpy(out.data(), d_out, out.size() * 4, cudaMemcpyDeviceToHost));
+  GDN_CUDA_CHECK(cudaFree(d_a));
+  GDN_CUDA_CHECK(cudaFree(d_x));
+  GDN_CUDA_CHECK(cudaFree(d_out));
+  double err = 0, norm = 0;
+  for (int m = 0; m < 64; ++m)
+    for (int n = 0; n < kN; ++n) {
+      double ref = 0;
+      for (int k = 0; k < kK; ++k)
+        ref += static_cast<double>(__bfloat162float(a[m * kK + k])) * b(k, n);
+      err += std::pow(out[m * kN + n] - 2 * ref, 2);
+      norm += std::pow(2 * ref, 2);
+    }
+  EXPECT_LT(std::sqrt(err / norm), 1e-5) << "first value " << out[0];
+}
+
+TEST(CudaWgmma, KMajor64x128) {
+  check_product<8, 8, false>();
+}
+TEST(CudaWgmma, KMajor64x64) {
+  check_product<8, 4, false>();
+}
+TEST(CudaWgmma, MNMajor128x64) {
+  check_product<16, 4, true>();
+}
+TEST(CudaWgmma, MNMajor64x64) {
+  check_product<8, 4, true>();
+}
+
+}  // namespace
+}  // namespace gdn::cuda
