@@ -115,21 +115,24 @@ void bench(std::int64_t B, std::int64_t T, std::int64_t HK, std::int64_t HV) {
   };
   const gdn::DeltaRuleOutputs out{ref(o, DType::bf16, {B, T, HV, V}),
                                   ref(ht, DType::f32, {B, HV, K, V})};
-  // The backward reads the forward's workspace (the training path).
+  // fwd: the inference forward. fwd+bwd: the training path, a forward that saves its states
+  // for the backward, which reads the forward's workspace.
   const std::size_t ws_fwd = gdn::delta_rule_forward_cuda_workspace(inputs(0));
-  const std::size_t ws_bwd = gdn::delta_rule_backward_cuda_workspace(inputs(0), {}, true);
-  Buffer ws(ws_fwd), ws_back(ws_bwd);
+  const std::size_t ws_train = gdn::delta_rule_forward_cuda_workspace(inputs(0), {}, true);
+  const std::size_t ws_bwd = gdn::delta_rule_backward_cuda_workspace(inputs(0), {}, true, true);
+  Buffer ws(ws_train), ws_back(ws_bwd);
   cudaStream_t stream;
   GDN_CUDA_CHECK(cudaStreamCreate(&stream));
-  gdn::CudaContext ctx{stream, ws.data, ws.bytes, {}};
-  gdn::CudaContext back{stream, ws_back.data, ws_back.bytes, {}, ws.data, ws.bytes};
+  gdn::CudaContext ctx{stream, ws.data, ws_fwd, {}};
+  gdn::CudaContext train{stream, ws.data, ws.bytes, {}, nullptr, 0, true};
+  gdn::CudaContext back{stream, ws_back.data, ws_back.bytes, {}, ws.data, ws.bytes, true};
 
   const double fwd =
       median_ms([&](int i) { gdn::delta_rule_forward_cuda(inputs(i), out, ctx); }, stream);
   const double fwd_bwd = median_ms(
       [&](int i) {
         const gdn::DeltaRuleInputs in = inputs(i);
-        gdn::delta_rule_forward_cuda(in, out, ctx);
+        gdn::delta_rule_forward_cuda(in, out, train);
         const gdn::DeltaRuleGrads gr{ref(sets[i % 2]->d_o, DType::bf16, {B, T, HV, V}),
                                      {},
                                      ref(dq, DType::bf16, {B, T, HK, K}),
@@ -147,11 +150,11 @@ void bench(std::int64_t B, std::int64_t T, std::int64_t HK, std::int64_t HV) {
   const double io = 2.0 * (2 * qk + vv + gate) * 2 / 2 + gate * 4 + vv * 2;  // in + o bytes
   std::printf(
       "gdn-cuda B=%lld T=%lld HK=%lld HV=%lld: fwd %.3f ms (%.1f TFLOP/s, workspace %.2f GiB) | "
-      "fwd+bwd %.3f ms (%.1f TFLOP/s at 4F, + backward workspace %.2f GiB) | inputs+outputs %.2f "
+      "fwd+bwd %.3f ms (%.1f TFLOP/s at 4F, workspaces %.2f + %.2f GiB) | inputs+outputs %.2f "
       "GiB\n",
       static_cast<long long>(B), static_cast<long long>(T), static_cast<long long>(HK),
       static_cast<long long>(HV), fwd, flops / fwd / 1e9, ws_fwd / 1073741824.0, fwd_bwd,
-      4 * flops / fwd_bwd / 1e9, ws_bwd / 1073741824.0, io / 1073741824.0);
+      4 * flops / fwd_bwd / 1e9, ws_train / 1073741824.0, ws_bwd / 1073741824.0, io / 1073741824.0);
   std::fflush(stdout);
   GDN_CUDA_CHECK(cudaStreamDestroy(stream));
   for (Set* s : sets) delete s;

@@ -56,8 +56,9 @@ struct DeviceTensor {
   }
 };
 
-// With reuse_forward, the backward reads the forward's workspace instead of recomputing it.
-void check_problem(const Problem& p, bool reuse_forward = false) {
+// With reuse_forward, the backward reads the forward's workspace instead of recomputing it; with
+// save, that forward also saved the per-chunk states and Vn.
+void check_problem(const Problem& p, bool reuse_forward = false, bool save = false) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   ProblemData data = generate(p);
   ProblemResults ref = allocate_results(p, DType::f64);
@@ -78,15 +79,17 @@ void check_problem(const Problem& p, bool reuse_forward = false) {
 
   CudaContext ctx;
   ctx.cu_seqlens_host = data.cu_seqlens.bytes.empty() ? TensorRef{} : data.cu_seqlens.ref();
-  const std::size_t forward_bytes = delta_rule_forward_cuda_workspace(in, ctx.cu_seqlens_host);
+  const std::size_t forward_bytes =
+      delta_rule_forward_cuda_workspace(in, ctx.cu_seqlens_host, save);
   const std::size_t backward_bytes =
-      delta_rule_backward_cuda_workspace(in, ctx.cu_seqlens_host, reuse_forward);
+      delta_rule_backward_cuda_workspace(in, ctx.cu_seqlens_host, reuse_forward, save);
   void* forward_workspace = nullptr;
   void* backward_workspace = nullptr;
   GDN_CUDA_CHECK(cudaMalloc(&forward_workspace, forward_bytes));
   GDN_CUDA_CHECK(cudaMalloc(&backward_workspace, std::max(forward_bytes, backward_bytes)));
   ctx.workspace = forward_workspace;
   ctx.workspace_bytes = forward_bytes;
+  ctx.save_for_backward = save;
   delta_rule_forward_cuda(in, {o.ref, ht.ref}, ctx);
   ctx.workspace = backward_workspace;
   ctx.workspace_bytes = std::max(forward_bytes, backward_bytes);
@@ -121,10 +124,10 @@ void check_problem(const Problem& p, bool reuse_forward = false) {
     line += std::string(" ") + item.name + " " + std::to_string(err);
     EXPECT_LE(err, item.tol) << item.name;
   }
-  std::printf("[ errors   ] T=%lld HK=%lld HV=%lld B=%lld varlen=%d reuse=%d:%s\n",
+  std::printf("[ errors   ] T=%lld HK=%lld HV=%lld B=%lld varlen=%d reuse=%d save=%d:%s\n",
               static_cast<long long>(p.T), static_cast<long long>(p.HK),
               static_cast<long long>(p.HV), static_cast<long long>(p.B), !p.seqlens.empty(),
-              reuse_forward, line.c_str());
+              reuse_forward, save, line.c_str());
 }
 
 Problem base(std::int64_t T, std::int64_t HK, std::int64_t HV) {
@@ -167,6 +170,15 @@ TEST(CudaDeltaRule, BackwardReusesForward) {
   for (auto n : p.seqlens) p.T += n;
   check_problem(p, true);
 }
+// The training path: the forward saves the per-chunk states, the backward skips recomputing them.
+TEST(CudaDeltaRule, BackwardReadsSavedStates) {
+  check_problem(base(4096, 1, 2), true, true);
+  Problem p = base(0, 2, 4);
+  p.seqlens = {700, 63, 1000};
+  for (auto n : p.seqlens) p.T += n;
+  p.dtype = DType::f16;
+  check_problem(p, true, true);
+}
 TEST(CudaDeltaRule, F16) {
   Problem p = base(500, 2, 2);
   p.dtype = DType::f16;
@@ -189,7 +201,7 @@ TEST(CudaDeltaRule, RejectsUnsupportedShapes) {
   }
 }
 
-TEST(CudaDeltaRule, RejectsWorkspaceThatIsTheForwards) {
+TEST(CudaDeltaRule, RejectsBadForwardWorkspace) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   ProblemData data = generate(base(64, 1, 1));
   const DeltaRuleInputs in = data.inputs();
@@ -207,6 +219,14 @@ TEST(CudaDeltaRule, RejectsWorkspaceThatIsTheForwards) {
     ADD_FAILURE() << "a shared workspace was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("forward_workspace"), std::string::npos) << e.what();
+  }
+  ctx.forward_workspace = nullptr;  // saved states without the forward that saved them
+  ctx.save_for_backward = true;
+  try {
+    delta_rule_backward_cuda(in, gr, ctx);
+    ADD_FAILURE() << "save_for_backward without forward_workspace was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("save_for_backward"), std::string::npos) << e.what();
   }
 }
 

@@ -72,13 +72,15 @@ ProblemResults run_on_cuda(const ProblemData& data, bool backward, CudaTimes& ti
   const DeviceTensor o(results.o), ht(results.final_state), dq(results.dq), dk(results.dk),
       dv(results.dv), dg(results.dg), dbeta(results.dbeta), dh0(results.dh0);
 
-  // The backward reads the forward's workspace (the training path: nothing recomputed twice).
+  // With a backward, the forward saves its states and the backward reads the forward's workspace
+  // (the training path: nothing recomputed).
   CudaContext ctx, back;
   ctx.cu_seqlens_host = data.cu_seqlens.bytes.empty() ? TensorRef{} : data.cu_seqlens.ref();
-  ctx.workspace_bytes = delta_rule_forward_cuda_workspace(in, ctx.cu_seqlens_host);
+  ctx.save_for_backward = back.save_for_backward = backward;
+  ctx.workspace_bytes = delta_rule_forward_cuda_workspace(in, ctx.cu_seqlens_host, backward);
   back.cu_seqlens_host = ctx.cu_seqlens_host;
   back.workspace_bytes =
-      backward ? delta_rule_backward_cuda_workspace(in, ctx.cu_seqlens_host, true) : 0;
+      backward ? delta_rule_backward_cuda_workspace(in, ctx.cu_seqlens_host, true, true) : 0;
   auto device_bytes = [](std::size_t bytes) {
     return DeviceTensor(HostTensor::zeros(DType::f32, {static_cast<std::int64_t>(bytes / 4 + 1)}));
   };

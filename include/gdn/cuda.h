@@ -27,21 +27,28 @@ struct CudaContext {
   // (and never writes there), and needs only the workspace queried with reuse_forward = true.
   const void* forward_workspace = nullptr;
   std::size_t forward_workspace_bytes = 0;
+  // Forward: also keep the per-chunk states and Vn in the workspace (a training forward; query
+  // its size with save_for_backward = true). Backward: forward_workspace is such a forward's,
+  // and the backward reads them there instead of recomputing them (query reuse_forward = true
+  // and save_for_backward = true).
+  bool save_for_backward = false;
 };
 
 // Workspace bytes for a forward or a backward of these inputs on the current device (shapes and
 // the device's multiprocessor count only; data is not read, except cu_seqlens_host for varlen).
 std::size_t delta_rule_forward_cuda_workspace(const DeltaRuleInputs& in,
-                                              const TensorRef& cu_seqlens_host = {});
+                                              const TensorRef& cu_seqlens_host = {},
+                                              bool save_for_backward = false);
 std::size_t delta_rule_backward_cuda_workspace(const DeltaRuleInputs& in,
                                                const TensorRef& cu_seqlens_host = {},
-                                               bool reuse_forward = false);
+                                               bool reuse_forward = false,
+                                               bool save_for_backward = false);
 
 // o (and final_state when given) from the inputs. Throws gdn::Error naming a bad argument.
 void delta_rule_forward_cuda(const DeltaRuleInputs& in, const DeltaRuleOutputs& out,
                              const CudaContext& ctx);
 // Every gradient; recomputes the forward's intermediates in the workspace unless
-// ctx.forward_workspace holds them.
+// ctx.forward_workspace holds them (and the per-chunk states unless it was saved for backward).
 void delta_rule_backward_cuda(const DeltaRuleInputs& in, const DeltaRuleGrads& grads,
                               const CudaContext& ctx);
 

@@ -110,12 +110,12 @@ struct Carver {
 };
 
 // Fills the params' shapes, inputs and workspace pointers; returns the bytes used in
-// `workspace`. The forward's intermediates come first; a backward given the forward's
-// workspace (forward_workspace) takes them from there and only its own buffers from
-// `workspace` (the kernels that write them are then not launched).
+// `workspace`. The forward's intermediates come first (with `saved`, the per-chunk states and
+// Vn too); a backward given the forward's workspace (forward_workspace) takes them from there
+// and only its own buffers from `workspace` (the kernels that write them are then not launched).
 std::size_t plan(const DeltaRuleInputs& in, const DeltaRuleShape& s, ChunkCount chunks,
                  bool backward, void* workspace, const void* forward_workspace, bool reuse,
-                 cuda::Params& p) {
+                 bool saved, cuda::Params& p) {
   const std::int64_t NC = chunks.total;
   p = cuda::Params{};
   p.B = static_cast<int>(s.B);
@@ -160,14 +160,20 @@ std::size_t plan(const DeltaRuleInputs& in, const DeltaRuleShape& s, ChunkCount 
     p.seg_transfer = c.take<float>(matrices);
     p.seg_state = c.take<float>(matrices);
   }
+  if (saved) {
+    p.h = c.take<bf16>(slots * kD * kD);
+    p.vn = c.take<bf16>(slots * kC * kD);
+  }
   if (!backward) return c.used;
   Carver b{static_cast<char*>(workspace), reuse ? 0 : c.used};
   if (p.seg_count > 1) {
     p.seg_dlocal = b.take<float>(matrices);
     p.seg_dstate = b.take<float>(matrices);
   }
-  p.h = b.take<bf16>(slots * kD * kD);
-  p.vn = b.take<bf16>(slots * kC * kD);
+  if (!saved) {
+    p.h = b.take<bf16>(slots * kD * kD);
+    p.vn = b.take<bf16>(slots * kC * kD);
+  }
   p.dh = b.take<bf16>(slots * kD * kD);
   p.dvn = b.take<bf16>(slots * kC * kD);
   return b.used;
@@ -192,21 +198,25 @@ void segment_states(const cuda::Params& p, cudaStream_t stream) {
 }
 
 template <typename In>
-void run_forward(const cuda::Params& p, cudaStream_t stream) {
+void run_forward(const cuda::Params& p, bool save, cudaStream_t stream) {
   cuda::launch_setup<In>(p, stream);
   cuda::launch_chunk_prep(p, stream);
   segment_states<In>(p, stream);
-  cuda::launch_state_forward<In, cuda::Pass::output>(p, stream);
+  if (save)
+    cuda::launch_state_forward<In, cuda::Pass::save>(p, stream);
+  else
+    cuda::launch_state_forward<In, cuda::Pass::output>(p, stream);
 }
 
+// reuse: the forward's intermediates are in its workspace; saved: h and Vn too.
 template <typename In>
-void run_backward(const cuda::Params& p, bool reuse, cudaStream_t stream) {
+void run_backward(const cuda::Params& p, bool reuse, bool saved, cudaStream_t stream) {
   if (!reuse) {
     cuda::launch_setup<In>(p, stream);
     cuda::launch_chunk_prep(p, stream);
     segment_states<In>(p, stream);
   }
-  cuda::launch_state_forward<In, cuda::Pass::recompute>(p, stream);  // h, Vn
+  if (!saved) cuda::launch_state_forward<In, cuda::Pass::recompute>(p, stream);  // h, Vn
   if (p.seg_count > 1) {  // the state gradient leaving every segment
     cuda::launch_state_backward<In, true>(p, stream);
     cuda::launch_combine(p, true, stream);
@@ -218,19 +228,21 @@ void run_backward(const cuda::Params& p, bool reuse, cudaStream_t stream) {
 }  // namespace
 
 std::size_t delta_rule_forward_cuda_workspace(const DeltaRuleInputs& in,
-                                              const TensorRef& cu_seqlens_host) {
+                                              const TensorRef& cu_seqlens_host,
+                                              bool save_for_backward) {
   const DeltaRuleShape s = check_inputs(in, cu_seqlens_host);
   cuda::Params p;
-  return plan(in, s, count_chunks(in, s, cu_seqlens_host), false, nullptr, nullptr, false, p);
+  return plan(in, s, count_chunks(in, s, cu_seqlens_host), false, nullptr, nullptr, false,
+              save_for_backward, p);
 }
 
 std::size_t delta_rule_backward_cuda_workspace(const DeltaRuleInputs& in,
-                                               const TensorRef& cu_seqlens_host,
-                                               bool reuse_forward) {
+                                               const TensorRef& cu_seqlens_host, bool reuse_forward,
+                                               bool save_for_backward) {
   const DeltaRuleShape s = check_inputs(in, cu_seqlens_host);
   cuda::Params p;
   return plan(in, s, count_chunks(in, s, cu_seqlens_host), true, nullptr, nullptr, reuse_forward,
-              p);
+              reuse_forward && save_for_backward, p);
 }
 
 void delta_rule_forward_cuda(const DeltaRuleInputs& in, const DeltaRuleOutputs& out,
@@ -242,16 +254,17 @@ void delta_rule_forward_cuda(const DeltaRuleInputs& in, const DeltaRuleOutputs& 
   const ChunkCount chunks = count_chunks(in, s, ctx.cu_seqlens_host);
   cuda::Params p;
   // Carving only computes pointers: nothing is read or written before the check.
-  check_workspace("workspace", ctx.workspace, ctx.workspace_bytes,
-                  plan(in, s, chunks, false, ctx.workspace, nullptr, false, p));
+  check_workspace(
+      "workspace", ctx.workspace, ctx.workspace_bytes,
+      plan(in, s, chunks, false, ctx.workspace, nullptr, false, ctx.save_for_backward, p));
   p.o = out.o.data;
   p.ht = static_cast<float*>(out.final_state.data);
   if (s.T == 0 || chunks.total == 0) return;
   auto stream = reinterpret_cast<cudaStream_t>(ctx.stream);
   if (in.q.dtype == DType::bf16)
-    run_forward<bf16>(p, stream);
+    run_forward<bf16>(p, ctx.save_for_backward, stream);
   else
-    run_forward<__half>(p, stream);
+    run_forward<__half>(p, ctx.save_for_backward, stream);
 }
 
 void delta_rule_backward_cuda(const DeltaRuleInputs& in, const DeltaRuleGrads& gr,
@@ -269,16 +282,19 @@ void delta_rule_backward_cuda(const DeltaRuleInputs& in, const DeltaRuleGrads& g
   const ChunkCount chunks = count_chunks(in, s, ctx.cu_seqlens_host);
   cuda::Params p;
   const bool reuse = ctx.forward_workspace != nullptr;
+  const bool saved = reuse && ctx.save_for_backward;
+  if (ctx.save_for_backward && !reuse)
+    throw Error("save_for_backward on a backward needs forward_workspace (the saving forward's)");
   if (reuse) {
     check_workspace("forward_workspace", ctx.forward_workspace, ctx.forward_workspace_bytes,
-                    plan(in, s, chunks, false, nullptr, nullptr, false, p));
+                    plan(in, s, chunks, false, nullptr, nullptr, false, saved, p));
     if (ctx.workspace == ctx.forward_workspace)
       throw Error(
           "workspace must be another buffer than forward_workspace, whose content the "
           "backward reads");
   }
   check_workspace("workspace", ctx.workspace, ctx.workspace_bytes,
-                  plan(in, s, chunks, true, ctx.workspace, ctx.forward_workspace, reuse, p));
+                  plan(in, s, chunks, true, ctx.workspace, ctx.forward_workspace, reuse, saved, p));
   p.d_o = gr.d_o.data;
   p.dht = static_cast<const float*>(gr.d_final_state.data);
   p.dq = gr.dq.data;
@@ -290,9 +306,9 @@ void delta_rule_backward_cuda(const DeltaRuleInputs& in, const DeltaRuleGrads& g
   if (s.T == 0 || chunks.total == 0) return;
   auto stream = reinterpret_cast<cudaStream_t>(ctx.stream);
   if (in.q.dtype == DType::bf16)
-    run_backward<bf16>(p, reuse, stream);
+    run_backward<bf16>(p, reuse, saved, stream);
   else
-    run_backward<__half>(p, reuse, stream);
+    run_backward<__half>(p, reuse, saved, stream);
 }
 
 }  // namespace gdn

@@ -2,11 +2,12 @@
 // Launchers of the delta-rule kernels, in the order the forward and backward run them.
 // In = bf16 or __half is the dtype of q, k, v, o and their gradients.
 //
-// forward:  setup, chunk_prep, [state_forward<summary>, combine], state_forward<output>
-// backward: {setup, chunk_prep, [state_forward<summary>, combine]}, state_forward<recompute>,
+// forward:  setup, chunk_prep, [state_forward<summary>, combine], state_forward<output or save>
+// backward: {setup, chunk_prep, [state_forward<summary>, combine]}, (state_forward<recompute>),
 //           [state_backward<summary>, combine<reverse>], state_backward, grad_chunk
 // (the bracketed launches only when sequences are cut into segments, seg_count > 1; the braced
-// ones not when the backward reads the forward's workspace).
+// ones not when the backward reads the forward's workspace, the parenthesized one not when that
+// forward ran Pass::save).
 
 #include <cuda_runtime.h>
 
@@ -21,6 +22,7 @@ void launch_setup(const Params& p, cudaStream_t stream);
 void launch_chunk_prep(const Params& p, cudaStream_t stream);
 enum class Pass {
   output,     // o and the final state
+  save,       // o, the final state, and h and Vn for the backward (a training forward)
   recompute,  // h and Vn for the backward
   summary,    // per segment: the state from zero and the transfer matrix, nothing per chunk
 };

@@ -3,7 +3,8 @@
 //   O  = diag(scale e) Q S + P Vn,          (P from chunk_prep, scale folded in)
 //   S' = gamma S + K^T diag(f) Vn,
 // each computed transposed (S^T is what a warp holds): (K S)^T = S^T K^T, Vn^T = X^T A^T, ...
-// Pass::output writes o, Pass::recompute (for the backward) h = S^T and Vn. Pass::summary runs
+// Pass::output writes o, Pass::recompute (for the backward) h = S^T and Vn, Pass::save all three.
+// Pass::summary runs
 // segment k < last of each sequence and stores only its end state: in block x = 0, from h0 for
 // k = 0 (that is the state entering segment 1) and from zero for k >= 1 (N_k); in block x = 1,
 // for 1 <= k < last, the transfer matrix M_k (started from the identity with V = 0, column j of
@@ -19,7 +20,9 @@ using namespace state_pass;
 
 template <typename In, Pass kPass>
 __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
-  constexpr bool kOutput = kPass == Pass::output, kSummary = kPass == Pass::summary;
+  constexpr bool kOutput = kPass == Pass::output || kPass == Pass::save;
+  constexpr bool kStates = kPass == Pass::save || kPass == Pass::recompute;
+  constexpr bool kSummary = kPass == Pass::summary;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int hv = blockIdx.y, vw = 16 * warp;
   const Segment seg = segment(p, blockIdx.z);
@@ -61,7 +64,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
 
     std::uint32_t sa[8][4];
     state_to_a(sa, S);
-    if constexpr (kPass == Pass::recompute) store_state_t(p.h + s * kD * kD, vw, sa);
+    if constexpr (kStates) store_state_t(p.h + s * kD * kD, vw, sa);
 
     // (K S)^T and (Q S)^T = S^T K^T, S^T Q^T: B = K^T, Q^T, that is K, Q as K-major tiles.
     Acc ks[8], qs[8];
@@ -133,9 +136,8 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
       const ChunkInfo info = p.chunks[cid];
       In* o = static_cast<In*>(p.o) + v_row(p, info.b, info.t0, hv) * kD + vw;
       store_tokens<In>(qs, staging, o, static_cast<long long>(p.HV) * kD, info.len);
-    } else if constexpr (kPass == Pass::recompute) {
-      store_tokens<bf16>(vn, staging, p.vn + s * kC * kD + vw, kD, kC);
     }
+    if constexpr (kStates) store_tokens<bf16>(vn, staging, p.vn + s * kC * kD + vw, kD, kC);
     wgmma_wait<0>();
     fence_acc(S);
     __syncthreads();
@@ -163,9 +165,11 @@ void launch_state_forward(const Params& p, cudaStream_t stream) {
 }
 
 template void launch_state_forward<bf16, Pass::output>(const Params&, cudaStream_t);
+template void launch_state_forward<bf16, Pass::save>(const Params&, cudaStream_t);
 template void launch_state_forward<bf16, Pass::recompute>(const Params&, cudaStream_t);
 template void launch_state_forward<bf16, Pass::summary>(const Params&, cudaStream_t);
 template void launch_state_forward<__half, Pass::output>(const Params&, cudaStream_t);
+template void launch_state_forward<__half, Pass::save>(const Params&, cudaStream_t);
 template void launch_state_forward<__half, Pass::recompute>(const Params&, cudaStream_t);
 template void launch_state_forward<__half, Pass::summary>(const Params&, cudaStream_t);
 
