@@ -1,11 +1,14 @@
-// Per (chunk, value head), everything that does not depend on the state (spec 3):
+// Per (chunk, key head): the staging of q and k, then, for each value head of the group,
+// everything that does not depend on the state (spec 3):
 //   G = chunk-local cumsum(g),  L = strictly_lower(diag(beta) K K^T * exp(G_i - G_j)),
 //   A = (I + L)^-1,  P = scale (Q K^T) * exp(G_i - G_j) on and below the diagonal,
 // stored as G and beta (f32) and A, P (bf16) for the state passes and the gradient kernel.
-// K K^T and Q K^T share their K^T fragments (mma.sync). A is inverted in 16 x 16 blocks: forward
-// substitution in f32 on the diagonal blocks, then by block diagonals d = 1, 2, 3 on tensor cores
-// (bf16 operands, f32 sums), A_ij = -A_ii sum_{j <= m < i} L_im A_mj, computed transposed so
-// that the sum stays in registers: A_ij^T = -(sum_m A_mj^T L_im^T) A_ii^T.
+// q and k become bf16, l2-normalized when asked (spec 1: x * rsqrt(sum(x^2) + 1e-6)), with the
+// factor kept for the backward; K K^T and Q K^T are computed once for the group and share their
+// K^T fragments (mma.sync). A is inverted in 16 x 16 blocks: forward substitution in f32 on the
+// diagonal blocks, then by block diagonals d = 1, 2, 3 on tensor cores (bf16 operands, f32
+// sums), A_ij = -A_ii sum_{j <= m < i} L_im A_mj, computed transposed so that the sum stays in
+// registers: A_ij^T = -(sum_m A_mj^T L_im^T) A_ii^T.
 #include "cuda/check.h"
 #include "cuda/kernels.h"
 #include "cuda/mma.cuh"
@@ -16,9 +19,10 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
 
+// The k and q tiles hold the inputs (In), then in place the bf16 K and Q.
 struct PrepSmem {
-  static constexpr int ks = 0;                       // bf16 [64][136]  K, then A (bf16 [64][72])
-  static constexpr int qs = ks + kC * kLdH * 2;      // bf16 [64][136]  Q, then P (bf16 [64][72])
+  static constexpr int ks = 0;                       // [64][136]  k, K, then A (bf16 [64][72])
+  static constexpr int qs = ks + kC * kLdH * 2;      // [64][136]  q, Q, then P (bf16 [64][72])
   static constexpr int lb = qs + kC * kLdH * 2;      // bf16 [64][72]   L
   static constexpr int l = lb + kC * kLdH64 * 2;     // f32 [64][68]    L
   static constexpr int gates = l + kC * kLdF64 * 4;  // f32 G[64], beta[64]
@@ -98,13 +102,13 @@ __device__ inline void store_tile64(bf16* dst, const bf16* src) {
   }
 }
 
+template <typename In>
 __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(Params p) {
-  const int cid = blockIdx.x, hv = blockIdx.y, tid = threadIdx.x;
+  const int cid = blockIdx.x, hk = blockIdx.y, tid = threadIdx.x;
   const int warp = tid / 32, lane = tid % 32;
   const ChunkInfo info = p.chunks[cid];
   if (info.len == 0) return;
-  const int hk = hv / (p.HV / p.HK), len = info.len, b = info.b, t0 = info.t0;
-  const long long s = slot(p, cid, hv);
+  const int group = p.HV / p.HK, len = info.len, b = info.b, t0 = info.t0;
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* ks = reinterpret_cast<bf16*>(smem + PrepSmem::ks);
   bf16* qs = reinterpret_cast<bf16*>(smem + PrepSmem::qs);
@@ -112,29 +116,51 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(Params p) {
   float* G = reinterpret_cast<float*>(smem + PrepSmem::gates);
   float* beta = G + kC;
 
-  if (tid < kC) {  // padded rows: g = 0 (G keeps its last value) and beta = 0
-    const long long r = v_row(p, b, t0 + tid, hv);
-    G[tid] = tid < len ? p.g[r] : 0.0f;
-    beta[tid] = tid < len ? load_scalar(p.beta, r, p.beta_code) : 0.0f;
-  }
+  // g and beta of row tid, loaded a value head ahead; padded rows: g = 0 (G keeps its last
+  // value) and beta = 0.
+  float g_next = 0.0f, beta_next = 0.0f;
+  auto fetch = [&](int hv) {
+    if (tid < len) {
+      const long long r = v_row(p, b, t0 + tid, hv);
+      g_next = p.g[r];
+      beta_next = load_scalar(p.beta, r, p.beta_code);
+    }
+  };
+  fetch(hk * group);
+
+  // q, k to bf16 in place, times r = rsqrt(sum x^2 + 1e-6) with l2norm (spec 1; the sums in
+  // l2norm_forward's order); padded rows stay zero. Rows < len go to qn, kn and their r to rq, rk.
   const long long row = qk_row(p, b, t0, hk);
-  issue_rows<kD>(ks, kLdH, p.kn + row * kD, p.HK * kD, kC, len);
-  issue_rows<kD>(qs, kLdH, p.qn + row * kD, p.HK * kD, kC, len);
+  issue_rows<kD>(ks, kLdH, static_cast<const In*>(p.k) + row * kD, p.HK * kD, kC, len);
+  issue_rows<kD>(qs, kLdH, static_cast<const In*>(p.q) + row * kD, p.HK * kD, kC, len);
   cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();
-  chunk_cumsum(G);
+  for (int i = warp; i < len; i += kWarps) {  // row i by one warp, lane l: elements l + 32 e
+    bf16* x[2] = {qs + i * kLdH, ks + i * kLdH};
+    float value[2][4], sum[2] = {}, r[2];
+    for (int w = 0; w < 2; ++w)
+      for (int e = 0; e < 4; ++e) {
+        value[w][e] = to_float(reinterpret_cast<const In*>(x[w])[lane + 32 * e]);
+        sum[w] += value[w][e] * value[w][e];
+      }
+    for (int w = 0; w < 2; ++w) {
+      r[w] = p.l2norm ? rsqrtf(warp_sum(sum[w]) + 1e-6f) : 1.0f;
+      for (int e = 0; e < 4; ++e) x[w][lane + 32 * e] = from_float<bf16>(value[w][e] * r[w]);
+    }
+    if (lane == 0) p.rq[row + i * p.HK] = r[0], p.rk[row + i * p.HK] = r[1];
+  }
   __syncthreads();
-  if (tid < kC) {
-    const float e = __expf(G[tid]);
-    p.G[s * kC + tid] = G[tid];
-    p.bt[s * kC + tid] = beta[tid];
-    p.gates[s * 3 * kC + tid] = e;
-    p.gates[s * 3 * kC + kC + tid] = __expf(G[kC - 1] - G[tid]);
-    p.gates[s * 3 * kC + 2 * kC + tid] = beta[tid] * e;
+  for (int idx = tid; idx < len * 16; idx += kThreads) {
+    const int r = idx / 16, part = idx % 16;
+    const long long at = (row + r * p.HK) * kD + part * 8;
+    *reinterpret_cast<uint4*>(p.qn + at) =
+        *reinterpret_cast<const uint4*>(qs + r * kLdH + part * 8);
+    *reinterpret_cast<uint4*>(p.kn + at) =
+        *reinterpret_cast<const uint4*>(ks + r * kLdH + part * 8);
   }
 
-  // K K^T and Q K^T for rows 16 warp .. 16 warp + 15.
+  // K K^T and Q K^T for rows 16 warp .. 16 warp + 15, kept for every value head.
   Acc kk[8] = {}, qk[8] = {};
 #pragma unroll
   for (int kp = 0; kp < 4; ++kp) {
@@ -158,32 +184,55 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(Params p) {
   bf16* ab = ks;
   bf16* pb = qs;
   bf16* lb = reinterpret_cast<bf16*>(smem + PrepSmem::lb);
+  // invert_unit_lower writes only on and below the diagonal blocks: the rest stays zero.
   for (int idx = tid; idx < kC * 8; idx += kThreads)
     *reinterpret_cast<uint4*>(ab + idx / 8 * kLdH64 + idx % 8 * 8) = uint4{0, 0, 0, 0};
-#pragma unroll
-  for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int i = 16 * warp + lane / 4 + 8 * (e / 2), j = 8 * nt + 2 * (lane % 4) + e % 2;
-      const float decay = j <= i ? __expf(G[i] - G[j]) : 0.0f;  // mask before exp
-      const float x = j < i ? beta[i] * kk[nt][e] * decay : 0.0f;
-      L[i * kLdF64 + j] = x;
-      lb[i * kLdH64 + j] = from_float<bf16>(x);
-      pb[i * kLdH64 + j] = from_float<bf16>(p.scale * qk[nt][e] * decay);
+
+  for (int gi = 0; gi < group; ++gi) {
+    const int hv = hk * group + gi;
+    const long long s = slot(p, cid, hv);
+    if (tid < kC) G[tid] = g_next, beta[tid] = beta_next;
+    if (gi + 1 < group) fetch(hv + 1);
+    __syncthreads();  // also: the previous head is done with L, P and A
+    chunk_cumsum(G);
+    __syncthreads();
+    if (tid < kC) {
+      const float e = __expf(G[tid]);
+      p.G[s * kC + tid] = G[tid];
+      p.bt[s * kC + tid] = beta[tid];
+      p.gates[s * 3 * kC + tid] = e;
+      p.gates[s * 3 * kC + kC + tid] = __expf(G[kC - 1] - G[tid]);
+      p.gates[s * 3 * kC + 2 * kC + tid] = beta[tid] * e;
     }
-  __syncthreads();
-  store_tile64(p.P + s * kC * kC, pb);
-  invert_unit_lower(L, lb, ab);
-  store_tile64(p.A + s * kC * kC, ab);
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = 16 * warp + lane / 4 + 8 * (e / 2), j = 8 * nt + 2 * (lane % 4) + e % 2;
+        const float decay = j <= i ? __expf(G[i] - G[j]) : 0.0f;  // mask before exp
+        const float x = j < i ? beta[i] * kk[nt][e] * decay : 0.0f;
+        L[i * kLdF64 + j] = x;
+        lb[i * kLdH64 + j] = from_float<bf16>(x);
+        pb[i * kLdH64 + j] = from_float<bf16>(p.scale * qk[nt][e] * decay);
+      }
+    __syncthreads();
+    store_tile64(p.P + s * kC * kC, pb);
+    invert_unit_lower(L, lb, ab);
+    store_tile64(p.A + s * kC * kC, ab);
+  }
 }
 
 }  // namespace
 
+template <typename In>
 void launch_chunk_prep(const Params& p, cudaStream_t stream) {
   GDN_CUDA_CHECK(cudaFuncSetAttribute(
-      chunk_prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, PrepSmem::bytes));
-  chunk_prep_kernel<<<dim3(p.NC, p.HV), kThreads, PrepSmem::bytes, stream>>>(p);
+      chunk_prep_kernel<In>, cudaFuncAttributeMaxDynamicSharedMemorySize, PrepSmem::bytes));
+  chunk_prep_kernel<In><<<dim3(p.NC, p.HK), kThreads, PrepSmem::bytes, stream>>>(p);
   GDN_CUDA_CHECK_LAUNCH();
 }
+
+template void launch_chunk_prep<bf16>(const Params&, cudaStream_t);
+template void launch_chunk_prep<__half>(const Params&, cudaStream_t);
 
 }  // namespace gdn::cuda

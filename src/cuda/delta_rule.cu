@@ -199,8 +199,8 @@ void segment_states(const cuda::Params& p, cudaStream_t stream) {
 
 template <typename In>
 void run_forward(const cuda::Params& p, bool save, cudaStream_t stream) {
-  cuda::launch_setup<In>(p, stream);
-  cuda::launch_chunk_prep(p, stream);
+  cuda::launch_setup(p, stream);
+  cuda::launch_chunk_prep<In>(p, stream);
   segment_states<In>(p, stream);
   if (save)
     cuda::launch_state_forward<In, cuda::Pass::save>(p, stream);
@@ -212,8 +212,8 @@ void run_forward(const cuda::Params& p, bool save, cudaStream_t stream) {
 template <typename In>
 void run_backward(const cuda::Params& p, bool reuse, bool saved, cudaStream_t stream) {
   if (!reuse) {
-    cuda::launch_setup<In>(p, stream);
-    cuda::launch_chunk_prep(p, stream);
+    cuda::launch_setup(p, stream);
+    cuda::launch_chunk_prep<In>(p, stream);
     segment_states<In>(p, stream);
   }
   if (!saved) cuda::launch_state_forward<In, cuda::Pass::recompute>(p, stream);  // h, Vn

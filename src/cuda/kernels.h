@@ -15,10 +15,11 @@
 
 namespace gdn::cuda {
 
-// The chunk table, and q, k in bf16 (l2-normalized when asked) with their rsqrt factors.
-template <typename In>
+// The chunk table.
 void launch_setup(const Params& p, cudaStream_t stream);
-// Per (chunk, value head): G, beta, A, P.
+// Per (chunk, key head): q, k in bf16 (l2-normalized when asked) with their rsqrt factors; then,
+// looping over its value heads, G, beta, A, P per value head.
+template <typename In>
 void launch_chunk_prep(const Params& p, cudaStream_t stream);
 enum class Pass {
   output,     // o and the final state
