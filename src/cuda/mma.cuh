@@ -58,6 +58,11 @@ __device__ inline void ldmatrix_x4_trans(std::uint32_t (&r)[4], const void* row)
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem_address(row)));
 }
+__device__ inline void stmatrix_x4(const std::uint32_t (&r)[4], void* row) {
+  asm volatile(
+      "stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_address(row)),
+      "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]));
+}
 __device__ inline void stmatrix_x4_trans(const std::uint32_t (&r)[4], void* row) {
   asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
                    smem_address(row)),
@@ -92,7 +97,7 @@ __device__ inline void acc_to_a(std::uint32_t (&a)[4], const Acc* acc, int kt, S
 // Lane addresses into a row-major 16-bit tile `base` (row stride ld elements):
 // A fragment of X rows m0.. (16) and k-tile k0.., where X is stored as X[m][k].
 template <typename T>
-__device__ inline const T* a_rows_mk(const T* base, int ld, int m0, int k0) {
+__device__ inline T* a_rows_mk(T* base, int ld, int m0, int k0) {
   const int l = threadIdx.x % 32, m = l / 8;
   return base + (m0 + (m & 1) * 8 + l % 8) * ld + k0 + (m >> 1) * 8;
 }

@@ -50,7 +50,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_backward_kernel(Params p) {
 
     std::uint32_t da[8][4];
     state_to_a(da, dS);
-    if constexpr (!kSummary) store_state_t(p.dh + s * kD * kD, vw, da);
+    if constexpr (!kSummary) store_state_t(p.dh + s * kD * kD, vw, da, staging);
 
     // dVn^T = (dS^T K^T) diag(f) + dO^T P; dO^T is loaded while dS^T K^T runs.
     Acc dvn[8];

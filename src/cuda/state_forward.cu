@@ -64,7 +64,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
 
     std::uint32_t sa[8][4];
     state_to_a(sa, S);
-    if constexpr (kStates) store_state_t(p.h + s * kD * kD, vw, sa);
+    if constexpr (kStates) store_state_t(p.h + s * kD * kD, vw, sa, staging);
 
     // (K S)^T and (Q S)^T = S^T K^T, S^T Q^T: B = K^T, Q^T, that is K, Q as K-major tiles.
     Acc ks[8], qs[8];

@@ -139,19 +139,28 @@ __device__ inline void state_to_a(std::uint32_t (&sa)[8][4], const Acc (&acc)[16
   for (int kt = 0; kt < 8; ++kt) acc_to_a(sa[kt], acc, kt, [](int) { return 1.0f; });
 }
 
-// Stores the bf16 state slice transposed, as rows v (this warp's 16) of a [V][K] tile.
-__device__ inline void store_state_t(bf16* dst, int vw, const std::uint32_t (&sa)[8][4]) {
-  const int g = threadIdx.x % 32 / 4, c = 2 * (threadIdx.x % 4);
+// Stores the bf16 state slice transposed, as rows v (this warp's 16) of a [V][K] tile, through
+// the warp's staging tile (a 64-column half at a time) so that global stores are 16 bytes.
+__device__ inline void store_state_t(bf16* dst, int vw, const std::uint32_t (&sa)[8][4],
+                                     bf16* staging) {
+  constexpr int ld = 72;  // 16 x 64 bf16, rows padded to 144 bytes
+  const int lane = threadIdx.x % 32;
 #pragma unroll
-  for (int kt = 0; kt < 8; ++kt) {
-    bf16* lo = dst + (vw + g) * kD + 16 * kt + c;
-    bf16* hi = lo + 8 * kD;
-    *reinterpret_cast<std::uint32_t*>(lo) = sa[kt][0];
-    *reinterpret_cast<std::uint32_t*>(hi) = sa[kt][1];
-    *reinterpret_cast<std::uint32_t*>(lo + 8) = sa[kt][2];
-    *reinterpret_cast<std::uint32_t*>(hi + 8) = sa[kt][3];
+  for (int half = 0; half < 2; ++half) {
+#pragma unroll
+    for (int kt = 0; kt < 4; ++kt)
+      stmatrix_x4(sa[4 * half + kt], a_rows_mk(staging, ld, 0, 16 * kt));
+    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int r = lane / 8 + 4 * i, piece = lane % 8;
+      *reinterpret_cast<uint4*>(dst + (vw + r) * kD + 64 * half + piece * 8) =
+          *reinterpret_cast<const uint4*>(staging + r * ld + piece * 8);
+    }
+    __syncwarp();
   }
 }
+static_assert(16 * 72 <= kC * kLdO, "a state half fits in a warp's staging tile");
 
 // Loads (or stores) this warp's f32 state slice from (to) a [K][V] f32 matrix, 0 when null.
 __device__ inline void load_state(Acc (&acc)[16], const float* src, int vw) {
