@@ -26,8 +26,9 @@ constexpr int kThreads = 32 * kWarps;
 struct GradSmem {
   static constexpr int q = 0;                          // bf16 [64][136]  Q
   static constexpr int k = q + kC * kLdH * 2;          // bf16 [64][136]  K
-  static constexpr int st = k + kC * kLdH * 2;         // bf16 [128][136] dS^T, then S^T
-  static constexpr int vn = st + kD * kLdH * 2;        // bf16 [64][136]  Vn, then F (f32 [64][68])
+  static constexpr int st = k + kC * kLdH * 2;         // bf16 [128][136] dS^T (the next's early)
+  static constexpr int h = st + kD * kLdH * 2;         // bf16 [128][136] S^T
+  static constexpr int vn = h + kD * kLdH * 2;         // bf16 [64][136]  Vn, then F (f32 [64][68])
   static constexpr int dvn = vn + kC * kLdH * 2;       // bf16 [64][136] dVn, then -dR
   static constexpr int a = dvn + kC * kLdH * 2;        // bf16 [64][72]  A, then dP * decay
   static constexpr int d_o = a + kC * kLdH64 * 2;      // bf16 [64][136] dO
@@ -81,6 +82,7 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
   bf16* qs = reinterpret_cast<bf16*>(smem + GradSmem::q);
   bf16* ks = reinterpret_cast<bf16*>(smem + GradSmem::k);
   bf16* st = reinterpret_cast<bf16*>(smem + GradSmem::st);
+  bf16* hs = reinterpret_cast<bf16*>(smem + GradSmem::h);
   bf16* vn = reinterpret_cast<bf16*>(smem + GradSmem::vn);
   float* F = reinterpret_cast<float*>(smem + GradSmem::vn);
   bf16* dvn = reinterpret_cast<bf16*>(smem + GradSmem::dvn);
@@ -107,7 +109,8 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
     const int hv = hk * group + gi;
     const long long s = slot(p, cid, hv), vrow = v_row(p, info.b, info.t0, hv);
     const In* d_o = static_cast<const In*>(p.d_o) + vrow * kD;
-    issue_rows<kD>(st, kLdH, p.dh + s * kD * kD, kD, kD, kD);
+    if (gi == 0) issue_rows<kD>(st, kLdH, p.dh + s * kD * kD, kD, kD, kD);  // later: prefetched
+    issue_rows<kD>(hs, kLdH, p.h + s * kD * kD, kD, kD, kD);
     issue_rows<kD>(vn, kLdH, p.vn + s * kC * kD, kD, kC, kC);
     issue_rows<kD>(dvn, kLdH, p.dvn + s * kC * kD, kD, kC, kC);
     issue_rows<kC>(ab, kLdH64, p.A + s * kC * kC, kC, kC, kC);
@@ -132,16 +135,13 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
     const float g_last = G[kC - 1], gamma = __expf(g_last);
     auto e_of = [&](int i) { return __expf(G[i]); };
 
-    // sum(S * dS) for the gradient of gamma: S^T from global, dS^T from shared memory.
+    // sum(S * dS) for the gradient of gamma, from the S^T and dS^T tiles.
     {
       float part = 0;
-      const bf16* h = p.h + s * kD * kD;
-      for (int idx = tid; idx < kD * 16; idx += kThreads) {
-        const int r = idx / 16, piece = idx % 16;
-        const uint4 x = *reinterpret_cast<const uint4*>(h + r * kD + piece * 8);
-        const bf16* xs = reinterpret_cast<const bf16*>(&x);
-        for (int e = 0; e < 8; ++e)
-          part += to_float(xs[e]) * to_float(st[r * kLdH + piece * 8 + e]);
+      for (int idx = tid; idx < kD * 64; idx += kThreads) {
+        const int r = idx / 64, at = r * kLdH + 2 * (idx % 64);
+        const float2 x = pair(hs + at), y = pair(st + at);
+        part += x.x * y.x + x.y * y.y;
       }
       part = warp_sum(part);
       if (lane == 0) atomicAdd(extra, gamma * part);
@@ -172,9 +172,11 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
         atomicAdd(extra, (i_lo < len ? lo : 0.0f) + (i_hi < len ? hi : 0.0f));
       }
     }
-    __syncthreads();  // dS^T is done: S^T takes its place while the next products run
-    issue_rows<kD>(st, kLdH, p.h + s * kD * kD, kD, kD, kD);
-    cp_async_commit();
+    __syncthreads();  // dS^T is done: the next value head's takes its place
+    if (gi + 1 < group) {
+      issue_rows<kD>(st, kLdH, p.dh + slot(p, cid, hv + 1) * kD * kD, kD, kD, kD);
+      cp_async_commit();
+    }
 
     // dR = A^T dVn; dv = diag(beta) dR; db_i += V_i . dR_i; then -dR replaces dVn.
     Acc dr[8] = {};
@@ -322,8 +324,6 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
 
     // [dKb; dQe] = [-dR; scale dO] S^T: dk += diag(beta e) dKb, dq += diag(e) dQe, and their
     // K . dKb, Q . dQe terms to db and dG.
-    cp_async_wait<0>();
-    __syncthreads();  // S^T has landed
     const float e_lo = e_of(i_lo), e_hi = e_of(i_hi);
 #pragma unroll
     for (int which = 0; which < 2; ++which) {
@@ -332,7 +332,7 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
       Acc x[8] = {};
       std::uint32_t a[8][4];
       load_a_mk(a, a_src, kLdH, r0);
-      mma_kn(x, a, st, kLdH, 64 * half);
+      mma_kn(x, a, hs, kLdH, 64 * half);
       const float scale = which ? p.scale : 1.0f;
       float lo = 0, hi = 0;
 #pragma unroll
