@@ -2,7 +2,8 @@
 // everything that does not depend on the state (spec 3):
 //   G = chunk-local cumsum(g),  L = strictly_lower(diag(beta) K K^T * exp(G_i - G_j)),
 //   A = (I + L)^-1,  P = scale (Q K^T) * exp(G_i - G_j) on and below the diagonal,
-// stored as G and beta (f32) and A, P (bf16) for the state passes and the gradient kernel.
+// stored as G, beta and the gates exp(G), exp(G_last - G), beta exp(G) (f32) and A, P (bf16) for
+// the state passes and the gradient kernel.
 // q and k become bf16, l2-normalized when asked (spec 1: x * rsqrt(sum(x^2) + 1e-6)), with the
 // factor kept for the backward; K K^T and Q K^T are computed once for the group and share their
 // K^T fragments (mma.sync). A is inverted in 16 x 16 blocks: forward substitution in f32 on the
