@@ -24,16 +24,16 @@ constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;
 
 struct GradSmem {
-  static constexpr int q = 0;                          // bf16 [64][136]  Q
-  static constexpr int k = q + kC * kLdH * 2;          // bf16 [64][136]  K
-  static constexpr int st = k + kC * kLdH * 2;         // bf16 [128][136] dS^T (the next's early)
-  static constexpr int h = st + kD * kLdH * 2;         // bf16 [128][136] S^T
-  static constexpr int vn = h + kD * kLdH * 2;         // bf16 [64][136]  Vn, then F (f32 [64][68])
-  static constexpr int dvn = vn + kC * kLdH * 2;       // bf16 [64][136] dVn, then -dR
-  static constexpr int a = dvn + kC * kLdH * 2;        // bf16 [64][72]  A, then dP * decay
-  static constexpr int d_o = a + kC * kLdH64 * 2;      // bf16 [64][136] dO
-  static constexpr int dls = d_o + kC * kLdH * 2;      // bf16 [64][72]  F + F^T
-  static constexpr int vec = dls + kC * kLdH64 * 2;    // f32 G, beta, dG, db [64]; extra
+  static constexpr int q = 0;                         // bf16 [64][136]  Q
+  static constexpr int k = q + kC * kLdH * 2;         // bf16 [64][136]  K
+  static constexpr int st = k + kC * kLdH * 2;        // bf16 [128][136] dS^T (the next's early)
+  static constexpr int h = st + kD * kLdH * 2;        // bf16 [128][136] S^T
+  static constexpr int vn = h + kD * kLdH * 2;        // bf16 [2][64][136] Vn, then F (f32 [64][68])
+  static constexpr int dvn = vn + 2 * kC * kLdH * 2;  // bf16 [2][64][136] dVn, then -dR
+  static constexpr int a = dvn + 2 * kC * kLdH * 2;   // bf16 [64][72]  A, then dP * decay
+  static constexpr int d_o = a + kC * kLdH64 * 2;     // bf16 [64][136] dO
+  static constexpr int dls = d_o + kC * kLdH * 2;     // bf16 [64][72]  F + F^T
+  static constexpr int vec = dls + kC * kLdH64 * 2;   // f32 G, beta, dG, db [64]; extra
   static constexpr int dots = vec + (4 * kC + 4) * 4;  // f32 [2][2][64] (q or k, half, row)
   static constexpr int bytes = dots + 4 * kC * 4;
 };
@@ -83,9 +83,8 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
   bf16* ks = reinterpret_cast<bf16*>(smem + GradSmem::k);
   bf16* st = reinterpret_cast<bf16*>(smem + GradSmem::st);
   bf16* hs = reinterpret_cast<bf16*>(smem + GradSmem::h);
-  bf16* vn = reinterpret_cast<bf16*>(smem + GradSmem::vn);
-  float* F = reinterpret_cast<float*>(smem + GradSmem::vn);
-  bf16* dvn = reinterpret_cast<bf16*>(smem + GradSmem::dvn);
+  bf16* vn_tiles = reinterpret_cast<bf16*>(smem + GradSmem::vn);  // value head j in tile j % 2
+  bf16* dvn_tiles = reinterpret_cast<bf16*>(smem + GradSmem::dvn);
   bf16* ab = reinterpret_cast<bf16*>(smem + GradSmem::a);
   bf16* dpd = ab;
   bf16* dos = reinterpret_cast<bf16*>(smem + GradSmem::d_o);
@@ -104,18 +103,34 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
     return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(base));
   };
 
+  // Vn and dVn of the group's value head j into their tiles j % 2.
+  auto issue_vn = [&](int j) {
+    const long long sj = slot(p, cid, hk * group + j);
+    issue_rows<kD>(vn_tiles + (j % 2) * kC * kLdH, kLdH, p.vn + sj * kC * kD, kD, kC, kC);
+    issue_rows<kD>(dvn_tiles + (j % 2) * kC * kLdH, kLdH, p.dvn + sj * kC * kD, kD, kC, kC);
+  };
+
   Acc dq[8] = {}, dk[8] = {};  // the group's sums
   for (int gi = 0; gi < group; ++gi) {
     const int hv = hk * group + gi;
     const long long s = slot(p, cid, hv), vrow = v_row(p, info.b, info.t0, hv);
     const In* d_o = static_cast<const In*>(p.d_o) + vrow * kD;
-    if (gi == 0) issue_rows<kD>(st, kLdH, p.dh + s * kD * kD, kD, kD, kD);  // later: prefetched
+    bf16* vn = vn_tiles + (gi % 2) * kC * kLdH;
+    float* F = reinterpret_cast<float*>(vn);
+    bf16* dvn = dvn_tiles + (gi % 2) * kC * kLdH;
+    if (gi == 0) {  // later value heads' dS^T, Vn and dVn are prefetched by the one before
+      issue_rows<kD>(st, kLdH, p.dh + s * kD * kD, kD, kD, kD);
+      issue_vn(0);
+    }
     issue_rows<kD>(hs, kLdH, p.h + s * kD * kD, kD, kD, kD);
-    issue_rows<kD>(vn, kLdH, p.vn + s * kC * kD, kD, kC, kC);
-    issue_rows<kD>(dvn, kLdH, p.dvn + s * kC * kD, kD, kC, kC);
     issue_rows<kC>(ab, kLdH64, p.A + s * kC * kC, kC, kC, kC);
     issue_rows<kD>(dos, kLdH, d_o, p.HV * kD, kC, len);
     cp_async_commit();
+    const bool prefetch = gi + 1 < group;
+    if (prefetch) {
+      issue_vn(gi + 1);
+      cp_async_commit();
+    }
     if (tid < kC) {
       G[tid] = p.G[s * kC + tid];
       beta[tid] = p.bt[s * kC + tid];
@@ -123,7 +138,10 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
       db[tid] = 0.0f;
     }
     if (tid == 0) extra[0] = 0.0f;
-    cp_async_wait<0>();
+    if (prefetch)  // all but the next value head's Vn, dVn
+      cp_async_wait<1>();
+    else
+      cp_async_wait<0>();
     if constexpr (!std::is_same_v<In, bf16>)  // f16 dO to bf16, in place, by the copying thread
       for (int idx = tid; idx < kC * 16; idx += kThreads) {
         const int r = idx / 16, part = idx % 16;
