@@ -28,10 +28,13 @@ __global__ void __launch_bounds__(kThreads, 1) state_backward_kernel(Params p) {
   unsigned char* smem = stage_memory(smem_raw);
   [[maybe_unused]] bf16* staging =
       reinterpret_cast<bf16*>(smem + Stage::staging) + warp * kC * kLdO;
+  const Pipeline pipe = pipeline(smem);
+  __syncthreads();
   auto prefetch_step = [&](int step) {  // step 0 is the last chunk
     if (step < chunks)
-      prefetch(p, smem, step % kStages, first + chunks - 1 - step, hv, true, true, p.d_o);
-    cp_async_commit();
+      fill(pipe, step, [&](int buf) {
+        prefetch(p, smem, buf, first + chunks - 1 - step, hv, true, true, p.d_o);
+      });
   };
 
   Acc dS[16];
@@ -44,7 +47,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_backward_kernel(Params p) {
   for (int step = 0; step < kStages - 1; ++step) prefetch_step(step);
   for (int step = 0; step < chunks; ++step) {
     prefetch_step(step + kStages - 1);
-    wait_tiles();
+    wait_tiles(pipe, step);
     const Tiles t = tiles(smem, step % kStages);
     [[maybe_unused]] const long long s = slot(p, first + chunks - 1 - step, hv);
 
@@ -113,9 +116,8 @@ __global__ void __launch_bounds__(kThreads, 1) state_backward_kernel(Params p) {
     wgmma_commit();
     wgmma_wait<0>();
     fence_acc(dS);
-    __syncthreads();
+    release(pipe, step);
   }
-  cp_async_wait<0>();
   if (kSummary)
     store_state(segment_matrix(seg.is_last ? p.seg_dstate : p.seg_dlocal, p,
                                seg.is_last ? blockIdx.z - 1 : blockIdx.z, hv),

@@ -39,10 +39,13 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
       const int buf = idx / (kC * kLdH / 8), at = idx % (kC * kLdH / 8);
       reinterpret_cast<uint4*>(smem + buf * Stage::bytes + Stage::v)[at] = uint4{0, 0, 0, 0};
     }
+  const Pipeline pipe = pipeline(smem);
+  __syncthreads();
   auto prefetch_chunk = [&](int i) {
     if (i < chunks)
-      prefetch(p, smem, i % kStages, first + i, hv, kOutput, kOutput, transfer ? nullptr : p.v);
-    cp_async_commit();
+      fill(pipe, i, [&](int buf) {
+        prefetch(p, smem, buf, first + i, hv, kOutput, kOutput, transfer ? nullptr : p.v);
+      });
   };
 
   Acc S[16];
@@ -57,7 +60,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
   for (int i = 0; i < kStages - 1; ++i) prefetch_chunk(i);
   for (int i = 0; i < chunks; ++i) {
     prefetch_chunk(i + kStages - 1);
-    wait_tiles();
+    wait_tiles(pipe, i);
     const Tiles t = tiles(smem, i % kStages);
     const int cid = first + i;
     [[maybe_unused]] const long long s = slot(p, cid, hv);
@@ -140,9 +143,8 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
     if constexpr (kStates) store_tokens<bf16>(vn, staging, p.vn + s * kC * kD + vw, kD, kC);
     wgmma_wait<0>();
     fence_acc(S);
-    __syncthreads();
+    release(pipe, i);
   }
-  cp_async_wait<0>();
   if (kSummary)
     store_state(transfer       ? segment_matrix(p.seg_transfer, p, blockIdx.z, hv)
                 : seg.is_first ? segment_matrix(p.seg_state, p, blockIdx.z + 1, hv)

@@ -5,7 +5,9 @@
 // V and keeps its 16 x 128 slice of the state transposed (S^T, or dS^T) as f32 accumulators, and
 // each warpgroup (4 warps, 64 columns of V) runs the chunk's products as wgmma with the state as
 // the register A operand (research/kernels.md 6.1): the state never leaves registers. The block
-// streams the chunk's tiles (K, Q, A, P, V or dO, G, beta) through kStages cp.async buffers.
+// streams the chunk's tiles (K, Q, A, P, V or dO, G, beta) through kStages cp.async buffers
+// whose mbarriers (Pipeline) let the two warpgroups drift apart by up to a chunk, so that one's
+// tensor-core work can overlap the other's element-wise work.
 //
 // A sequence's chunks are cut into p.seg_count segments of p.seg_len chunks (delta_rule.cu picks
 // the count so that the blocks fill the GPU). The segments run in parallel from states that the
@@ -19,7 +21,7 @@ namespace gdn::cuda::state_pass {
 constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kLdO = 24;  // 16-bit row stride of a warp's 64 x 16 staging tile
-constexpr int kStages = 2;
+constexpr int kStages = 3;
 
 // One stage's tiles, in bytes from the stage's start. K, Q, A and P are swizzled tiles
 // (wgmma.cuh), the B operands of the warpgroup products; V (or dO) is read by ldmatrix.
@@ -32,9 +34,10 @@ struct Stage {
   static constexpr int gates = v + kC * kLdH * 2;  // f32 [3][64]  e, f, beta e (params.cuh)
   static constexpr int beta = gates + 3 * kC * 4;  // f32 [64]
   static constexpr int bytes = (beta + kC * 4 + 1023) / 1024 * 1024;
-  static constexpr int staging = kStages * bytes;  // 16-bit [kWarps][64][kLdO]
+  static constexpr int staging = kStages * bytes;                    // 16-bit [kWarps][64][kLdO]
+  static constexpr int barriers = staging + kWarps * kC * kLdO * 2;  // u64 full, empty [kStages]
   // + 1024: the dynamic shared memory is aligned up to 1024 bytes (stage_memory).
-  static constexpr int smem_bytes = staging + kWarps * kC * kLdO * 2 + 1024;
+  static constexpr int smem_bytes = barriers + 2 * kStages * 8 + 1024;
 };
 
 // The block's dynamic shared memory, aligned for the swizzled tiles.
@@ -126,11 +129,51 @@ __device__ inline void prefetch(const Params& p, unsigned char* smem, int buf, i
     cp_async16(base + Stage::beta + (tid - 48) * 16, p.bt + s * kC + (tid - 48) * 4, true);
 }
 
-// Waits for the chunk tiles copied kStages - 1 prefetches ago (cp.async needs no proxy fence
-// before wgmma reads them, as in CUTLASS's cp.async wgmma main loops).
-__device__ inline void wait_tiles() {
-  cp_async_wait<kStages - 1>();
-  __syncthreads();
+// The buffers' mbarriers: full(s) completes when every thread's copies into buffer s have landed
+// (cp.async arrivals; no proxy fence is needed before wgmma reads them, as in CUTLASS's cp.async
+// wgmma main loops), empty(s) when every thread is done with it. Chunk i uses buffer i % kStages,
+// so the phase of either barrier that chunk i waits for is i / kStages (minus one for empty).
+struct Pipeline {
+  unsigned base;  // shared address of full(0 .. kStages - 1), then empty(...)
+  __device__ unsigned full(int s) const { return base + 8 * s; }
+  __device__ unsigned empty(int s) const { return base + 8 * (kStages + s); }
+};
+// Thread 0 initializes the barriers; the caller syncs the block before their first use.
+__device__ inline Pipeline pipeline(unsigned char* smem) {
+  const Pipeline pipe{smem_address(smem + Stage::barriers)};
+  if (threadIdx.x == 0)
+    for (int s = 0; s < kStages; ++s) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(pipe.full(s)), "r"(kThreads));
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(pipe.empty(s)), "r"(kThreads));
+    }
+  return pipe;
+}
+__device__ inline void wait_phase(unsigned barrier, int phase) {
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n}\n" ::"r"(barrier),
+      "r"(phase & 1)
+      : "memory");
+}
+// Issues chunk i's copies (issue(buffer)) once every thread is done with the chunk that buffer
+// held before, and arrives on its full barrier when they land.
+template <typename Issue>
+__device__ inline void fill(const Pipeline& pipe, int i, Issue issue) {
+  const int s = i % kStages;
+  if (i >= kStages) wait_phase(pipe.empty(s), i / kStages - 1);
+  issue(s);
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(pipe.full(s))
+               : "memory");
+}
+// Waits for chunk i's tiles.
+__device__ inline void wait_tiles(const Pipeline& pipe, int i) {
+  wait_phase(pipe.full(i % kStages), i / kStages);
+}
+// This thread is done with chunk i's buffer (its wgmma included).
+__device__ inline void release(const Pipeline& pipe, int i) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(pipe.empty(i % kStages))
+               : "memory");
 }
 
 // The A fragments of this warp's 16 x 128 state slice (acc) rounded to bf16.
