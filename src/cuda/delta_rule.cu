@@ -199,7 +199,7 @@ void segment_states(const cuda::Params& p, cudaStream_t stream) {
 
 template <typename In>
 void run_forward(const cuda::Params& p, bool save, cudaStream_t stream) {
-  cuda::launch_setup(p, stream);
+  cuda::launch_chunk_table(p, stream);
   cuda::launch_chunk_prep<In>(p, stream);
   segment_states<In>(p, stream);
   if (save)
@@ -212,7 +212,7 @@ void run_forward(const cuda::Params& p, bool save, cudaStream_t stream) {
 template <typename In>
 void run_backward(const cuda::Params& p, bool reuse, bool saved, cudaStream_t stream) {
   if (!reuse) {
-    cuda::launch_setup(p, stream);
+    cuda::launch_chunk_table(p, stream);
     cuda::launch_chunk_prep<In>(p, stream);
     segment_states<In>(p, stream);
   }

@@ -2,8 +2,10 @@
 // Launchers of the delta-rule kernels, in the order the forward and backward run them.
 // In = bf16 or __half is the dtype of q, k, v, o and their gradients.
 //
-// forward:  setup, chunk_prep, [state_forward<summary>, combine], state_forward<output or save>
-// backward: {setup, chunk_prep, [state_forward<summary>, combine]}, (state_forward<recompute>),
+// forward:  chunk_table, chunk_prep, [state_forward<summary>, combine],
+//           state_forward<output or save>
+// backward: {chunk_table, chunk_prep, [state_forward<summary>, combine]},
+//           (state_forward<recompute>),
 //           [state_backward<summary>, combine<reverse>], state_backward, grad_chunk
 // (the bracketed launches only when sequences are cut into segments, seg_count > 1; the braced
 // ones not when the backward reads the forward's workspace, the parenthesized one not when that
@@ -16,9 +18,9 @@
 namespace gdn::cuda {
 
 // The chunk table.
-void launch_setup(const Params& p, cudaStream_t stream);
+void launch_chunk_table(const Params& p, cudaStream_t stream);
 // Per (chunk, key head): q, k in bf16 (l2-normalized when asked) with their rsqrt factors; then,
-// looping over its value heads, G, beta, A, P per value head.
+// looping over its value heads, G, beta, the gates, A and P per value head.
 template <typename In>
 void launch_chunk_prep(const Params& p, cudaStream_t stream);
 enum class Pass {
@@ -27,7 +29,7 @@ enum class Pass {
   recompute,  // h and Vn for the backward
   summary,    // per segment: the state from zero and the transfer matrix, nothing per chunk
 };
-// Serial over the chunks of each segment, a warp per 16 columns of V.
+// Serial over the chunks of each segment, a warpgroup per 64 columns of V (state_pass.cuh).
 template <typename In, Pass kPass>
 void launch_state_forward(const Params& p, cudaStream_t stream);
 // Serial in reverse over the chunks of each segment: dh, dVn, dh0; or, as a summary, the state

@@ -52,8 +52,8 @@ struct Params {
   float* gates;       // [NC, HV, 3, 64] exp(G), exp(G_last - G), beta exp(G)
   bf16* A;            // [NC, HV, 64, 64] (I + L)^-1
   bf16* P;            // [NC, HV, 64, 64] scale (Q K^T) * exp(G_i - G_j), i >= j
-  bf16* h;            // [NC, HV, V, K]   state entering each chunk, transposed (backward only)
-  bf16* vn;           // [NC, HV, 64, V]  Vn = A diag(beta) (V - diag(e) K S)   (backward only)
+  bf16* h;            // [NC, HV, V, K]   state entering each chunk, transposed (save, backward)
+  bf16* vn;           // [NC, HV, 64, V]  Vn = A diag(beta) (V - diag(e) K S)   (save, backward)
 
   // Segment summaries (seg_count > 1), each [N * seg_count, HV, K, K or V] f32, segment k of
   // sequence n at n * seg_count + k.

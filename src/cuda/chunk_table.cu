@@ -1,4 +1,4 @@
-// The chunk table, from cu_seqlens or the batch rows (chunk_prep stages q and k).
+// The chunk table, from cu_seqlens or the batch rows.
 #include "cuda/check.h"
 #include "cuda/kernels.h"
 
@@ -49,7 +49,7 @@ __global__ void chunk_table_kernel(Params p) {
 
 }  // namespace
 
-void launch_setup(const Params& p, cudaStream_t stream) {
+void launch_chunk_table(const Params& p, cudaStream_t stream) {
   chunk_table_kernel<<<1, 256, 0, stream>>>(p);
   GDN_CUDA_CHECK_LAUNCH();
 }
