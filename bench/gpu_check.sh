@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root, after bench/gpu_stage.sh: the CUDA tests, the
-# sanitizers, a per-kernel profile at B=1 T=65536, then bench_cuda, flash-linear-attention's
-# timings and bench_cuda again (so gdn and FLA share the run). Logs go to $OUT (or ./gpu-logs).
+# sanitizers, a per-kernel profile at B=1 T=65536, then bench_cuda, flash-linear-attention's and
+# transformers' timings and bench_cuda again (so gdn and its peers share the run). Logs go to
+# $OUT (or ./gpu-logs).
 # Stages: test, sanitize, profile, bench (default: all, in that order).
 set -uo pipefail
 out="${OUT:-$PWD/gpu-logs}"
@@ -35,6 +36,8 @@ for stage in $stages; do
       fi
       .device/bench_cuda | tee "$out/bench.log"
       PYTHONUNBUFFERED=1 python3 bench/fla_peer.py --bypass-guard 2>&1 | tail -8 | tee "$out/fla.log"
+      PYTHONUNBUFFERED=1 python3 bench/transformers_peer.py 2>&1 | tail -6 |
+        tee "$out/transformers.log"
       .device/bench_cuda | tee "$out/bench2.log" ;;
     *) echo "gpu_check: unknown stage $stage (test, sanitize, profile, bench)"; exit 2 ;;
   esac
