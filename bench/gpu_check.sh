@@ -3,7 +3,7 @@
 # sanitizers, a per-kernel profile at B=1 T=65536, then bench_cuda, flash-linear-attention's and
 # transformers' timings and bench_cuda again (so gdn and its peers share the run). Logs go to
 # $OUT (or ./gpu-logs).
-# Stages: test, sanitize, profile, bench (default: all, in that order).
+# Stages: test, sanitize, profile, stalls, bench (default: all but stalls, in that order).
 set -uo pipefail
 out="${OUT:-$PWD/gpu-logs}"
 mkdir -p "$out"
@@ -29,6 +29,12 @@ for stage in $stages; do
         -T 65536 >"$out/ncu.log" 2>&1
       grep -E "^  [a-zA-Z_ <>:,0-9]+\(|gpu__time_duration" "$out/ncu.log" |
         sed -E 's/^ *(void )?//; s/\(Params.*//; s/gpu__time_duration.sum//' | paste - - ;;
+    stalls)  # why each kernel waits (cycles per issued instruction by stall reason), T=16384
+      ncu --clock-control none --section WarpStateStats --section SchedulerStats --print-details all \
+        -k regex:'chunk_prep|state_|grad_chunk' .device/gdn run --device cuda -T 16384 \
+        >"$out/stalls.log" 2>&1
+      grep -E "^  [a-zA-Z_ <>:,0-9]+\(|Issued Ipc|No Eligible|Stall [A-Z]" "$out/stalls.log" |
+        grep -vE " 0(\.0+)?$" | sed -E 's/^ *(void )?//; s/\(Params.*//' ;;
     bench)
       if [ -d .whl ]; then
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -39,6 +45,6 @@ for stage in $stages; do
       PYTHONUNBUFFERED=1 python3 bench/transformers_peer.py 2>&1 | tail -6 |
         tee "$out/transformers.log"
       .device/bench_cuda | tee "$out/bench2.log" ;;
-    *) echo "gpu_check: unknown stage $stage (test, sanitize, profile, bench)"; exit 2 ;;
+    *) echo "gpu_check: unknown stage $stage (test, sanitize, profile, stalls, bench)"; exit 2 ;;
   esac
 done
