@@ -112,8 +112,9 @@ template <int N, int KT>
 __device__ inline void wgmma_nk(Acc (&d)[N], const std::uint32_t (&a)[KT][4], const bf16* x,
                                 bool accumulate) {
   const auto* base = reinterpret_cast<const unsigned char*>(x);
+  // k-tile kt: 64-column block kt / 4, 32 (kt % 4) bytes into each of its 128-byte rows.
 #pragma unroll
-  for (int kt = 0; kt < KT; ++kt)  // k-tile kt: block kt / 4, 32 bytes into each 128-byte row
+  for (int kt = 0; kt < KT; ++kt)
     wgmma_tile<N, false>(d, a[kt],
                          wgmma_desc(base + (kt / 4) * 8 * N * 128 + (kt % 4) * 32, 16, 1024),
                          accumulate || kt > 0);
@@ -124,9 +125,9 @@ template <int N, int KT>
 __device__ inline void wgmma_kn(Acc (&d)[N], const std::uint32_t (&a)[KT][4], const bf16* x,
                                 int rows, bool accumulate) {
   const auto* base = reinterpret_cast<const unsigned char*>(x);
+  // k-tile kt: rows 16 kt .., 2048 bytes on; 64-column blocks rows * 128 bytes apart.
 #pragma unroll
-  for (int kt = 0; kt < KT;
-       ++kt)  // k-tile kt: rows 16 kt .., 2048 bytes on; blocks rows * 128 apart
+  for (int kt = 0; kt < KT; ++kt)
     wgmma_tile<N, true>(d, a[kt], wgmma_desc(base + kt * 2048, rows * 128, 1024),
                         accumulate || kt > 0);
 }
