@@ -75,6 +75,31 @@ def check_grads(fn):
     return errors
 
 
+def time_shapes(name, fn, backward):
+    """Prints fn's forward (and forward + backward through autograd, with its peak extra memory)
+    on bench_cuda's shapes."""
+    for B, T in [(1, 4096), (1, 16384), (1, 65536), (8, 8192)]:
+        HK, HV = 16, 32
+        sets = [inputs(B, T, HK, HV, s) for s in range(2)]
+        fwd = median_ms(lambda i: fn(*sets[i % 2][:5], use_qk_l2norm_in_kernel=True))
+        line = f"{name} B={B} T={T} HK={HK} HV={HV}: fwd {fwd:.3f} ms"
+        if backward:
+            leaves = [[x.clone().requires_grad_() for x in s[:5]] for s in sets]
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+
+            def step(i):
+                o, _ = fn(*leaves[i % 2], use_qk_l2norm_in_kernel=True)
+                o.backward(sets[i % 2][5])
+
+            both = median_ms(step)
+            peak = (torch.cuda.max_memory_allocated() - base) / 2 ** 30
+            line += f" | fwd+bwd {both:.3f} ms | peak extra {peak:.2f} GiB"
+        print(line, flush=True)
+        del sets
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--bypass-guard", action="store_true")
@@ -103,26 +128,7 @@ def main():
             backward_ok = all(e < 1.5e-2 for e in errors.values())
             print(f"fla gradients {'OK' if backward_ok else 'WRONG'} with the guard bypassed")
 
-    for B, T in [(1, 4096), (1, 16384), (1, 65536), (8, 8192)]:
-        HK, HV = 16, 32
-        sets = [inputs(B, T, HK, HV, s) for s in range(2)]
-        fwd = median_ms(lambda i: fn(*sets[i % 2][:5], use_qk_l2norm_in_kernel=True))
-        line = f"fla B={B} T={T} HK={HK} HV={HV}: fwd {fwd:.3f} ms"
-        if backward_ok:
-            leaves = [[x.clone().requires_grad_() for x in s[:5]] for s in sets]
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            base = torch.cuda.memory_allocated()
-
-            def step(i):
-                o, _ = fn(*leaves[i % 2], use_qk_l2norm_in_kernel=True)
-                o.backward(sets[i % 2][5])
-
-            both = median_ms(step)
-            peak = (torch.cuda.max_memory_allocated() - base) / 2 ** 30
-            line += f" | fwd+bwd {both:.3f} ms | peak extra {peak:.2f} GiB"
-        print(line, flush=True)
-        del sets
+    time_shapes("fla", fn, backward_ok)
 
 
 if __name__ == "__main__":

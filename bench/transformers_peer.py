@@ -9,7 +9,7 @@ import sys
 
 import torch
 
-from fla_peer import check_grads, inputs, median_ms
+from fla_peer import check_grads, time_shapes
 
 
 def main():
@@ -24,25 +24,7 @@ def main():
     print("transformers errors vs float64 at T=512, HK=2, HV=4: " +
           " ".join(f"{n} {e:.2e}" for n, e in errors.items()))
 
-    for B, T in [(1, 4096), (1, 16384), (1, 65536), (8, 8192)]:
-        HK, HV = 16, 32
-        sets = [inputs(B, T, HK, HV, s) for s in range(2)]
-        with torch.no_grad():
-            fwd = median_ms(lambda i: fn(*sets[i % 2][:5], use_qk_l2norm_in_kernel=True))
-        leaves = [[x.clone().requires_grad_() for x in s[:5]] for s in sets]
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-
-        def step(i):
-            o, _ = fn(*leaves[i % 2], use_qk_l2norm_in_kernel=True)
-            o.backward(sets[i % 2][5])
-
-        both = median_ms(step)
-        peak = (torch.cuda.max_memory_allocated() - base) / 2 ** 30
-        print(f"transformers B={B} T={T} HK={HK} HV={HV}: fwd {fwd:.3f} ms | fwd+bwd {both:.3f} ms "
-              f"| peak extra {peak:.2f} GiB", flush=True)
-        del sets, leaves
+    time_shapes("transformers", fn, True)
 
 
 if __name__ == "__main__":
