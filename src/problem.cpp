@@ -7,7 +7,7 @@
 #include <string>
 #include <utility>
 
-#include "cpu/convert.h"
+#include "core/convert.h"
 #include "gdn/error.h"
 
 namespace gdn {
@@ -19,7 +19,7 @@ HostTensor normal(DType dtype, std::vector<std::int64_t> shape, double sigma, Rn
   HostTensor t = HostTensor::zeros(dtype, std::move(shape));
   std::normal_distribution<double> dist(0.0, sigma);
   const TensorRef r = t.ref();
-  for (std::int64_t i = 0; i < t.numel(); ++i) cpu::store(r, i, dist(rng));
+  for (std::int64_t i = 0; i < t.numel(); ++i) core::store(r, i, dist(rng));
   return t;
 }
 
@@ -28,10 +28,10 @@ void normalize_rows(HostTensor& t, std::int64_t dim) {
   const TensorRef r = t.ref();
   for (std::int64_t row = 0; row < t.numel() / dim; ++row) {
     double sum = 0;
-    for (std::int64_t i = 0; i < dim; ++i) sum += std::pow(cpu::load<double>(r, row * dim + i), 2);
+    for (std::int64_t i = 0; i < dim; ++i) sum += std::pow(core::load<double>(r, row * dim + i), 2);
     const double inv = 1.0 / std::sqrt(sum + 1e-6);
     for (std::int64_t i = 0; i < dim; ++i)
-      cpu::store(r, row * dim + i, cpu::load<double>(r, row * dim + i) * inv);
+      core::store(r, row * dim + i, core::load<double>(r, row * dim + i) * inv);
   }
 }
 
@@ -69,8 +69,8 @@ ProblemData generate(const Problem& p) {
   d.beta = HostTensor::zeros(p.dtype, {B, T, p.HV});
   for (std::int64_t i = 0; i < B * T * p.HV; ++i) {
     const double g = -std::exp(rate[static_cast<std::size_t>(i % p.HV)] + noise(rng));
-    cpu::store(d.g.ref(), i, std::clamp(g, -20.0, -1e-4));
-    cpu::store(d.beta.ref(), i, unit(rng));
+    core::store(d.g.ref(), i, std::clamp(g, -20.0, -1e-4));
+    core::store(d.beta.ref(), i, unit(rng));
   }
   const std::int64_t N = p.sequences();
   const DType state = p.dtype == DType::f64 ? DType::f64 : DType::f32;
@@ -163,7 +163,7 @@ void gather_shard(const ProblemResults& shard, int rank, ProblemResults& whole) 
        {std::pair{&shard.final_state, &whole.final_state}, {&shard.dh0, &whole.dh0}}) {
     if (from->bytes.empty()) continue;
     for (std::int64_t i = 0; i < from->numel(); ++i)
-      cpu::store(to->ref(), i, cpu::load<double>(to->ref(), i) + cpu::load<double>(from->ref(), i));
+      core::store(to->ref(), i, core::load<double>(to->ref(), i) + core::load<double>(from->ref(), i));
   }
 }
 
@@ -189,8 +189,8 @@ double relative_error(const TensorRef& x, const TensorRef& ref) {
     throw Error("relative_error: tensors of " + x.shape_string() + " and " + ref.shape_string());
   double diff = 0, norm = 0;
   for (std::int64_t i = 0; i < x.numel(); ++i) {
-    const double r = cpu::load<double>(ref, i);
-    diff += std::pow(cpu::load<double>(x, i) - r, 2);
+    const double r = core::load<double>(ref, i);
+    diff += std::pow(core::load<double>(x, i) - r, 2);
     norm += r * r;
   }
   return norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);

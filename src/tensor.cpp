@@ -5,7 +5,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "cpu/convert.h"
+#include "core/convert.h"
 #include "gdn/error.h"
 
 namespace gdn {
@@ -75,7 +75,7 @@ TensorRef HostTensor::ref() const {
 HostTensor convert(const HostTensor& t, DType dtype) {
   HostTensor out = HostTensor::zeros(dtype, t.shape);
   for (std::int64_t i = 0; i < t.numel(); ++i)
-    cpu::store(out.ref(), i, cpu::load<double>(t.ref(), i));
+    core::store(out.ref(), i, core::load<double>(t.ref(), i));
   return out;
 }
 

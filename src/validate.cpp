@@ -3,7 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "cpu/convert.h"
+#include "core/convert.h"
 #include "gdn/error.h"
 
 namespace gdn {
@@ -96,7 +96,7 @@ DeltaRuleShape validate(const DeltaRuleInputs& in) {
     N = cu.shape[0] - 1;
     if (N < 1)
       throw Error(fmt::format("cu_seqlens must hold N + 1 >= 2 offsets, got {}", cu.shape[0]));
-    const auto at = [&](std::int64_t i) { return cpu::load<std::int64_t>(cu, i); };
+    const auto at = [&](std::int64_t i) { return core::load<std::int64_t>(cu, i); };
     if (at(0) != 0) throw Error(fmt::format("cu_seqlens[0] must be 0, got {}", at(0)));
     for (std::int64_t i = 1; i <= N; ++i)
       if (at(i) <= at(i - 1))
@@ -122,8 +122,8 @@ std::vector<Sequence> sequences(const DeltaRuleInputs& in, const DeltaRuleShape&
     return out;
   }
   for (std::int64_t n = 0; n < s.N; ++n) {
-    const auto begin = cpu::load<std::int64_t>(in.cu_seqlens, n);
-    out.push_back({0, begin, cpu::load<std::int64_t>(in.cu_seqlens, n + 1) - begin});
+    const auto begin = core::load<std::int64_t>(in.cu_seqlens, n);
+    out.push_back({0, begin, core::load<std::int64_t>(in.cu_seqlens, n + 1) - begin});
   }
   return out;
 }

@@ -7,7 +7,7 @@
 #include <random>
 #include <string>
 
-#include "cpu/convert.h"
+#include "core/convert.h"
 #include "gdn/error.h"
 #include "gdn/layer.h"
 
@@ -29,7 +29,7 @@ inline HostTensor random_tensor(DType dtype, std::vector<std::int64_t> shape, st
   HostTensor t = HostTensor::zeros(dtype, std::move(shape));
   std::mt19937_64 rng(seed);
   std::normal_distribution<double> normal(mean, stddev);
-  for (std::int64_t i = 0; i < t.numel(); ++i) cpu::store(t.ref(), i, normal(rng));
+  for (std::int64_t i = 0; i < t.numel(); ++i) core::store(t.ref(), i, normal(rng));
   return t;
 }
 
@@ -48,7 +48,7 @@ inline LayerWeights convert(const LayerWeights& w, DType dtype) {
 inline double relative(const HostTensor& x, const HostTensor& ref) {
   double diff = 0, norm = 0;
   for (std::int64_t i = 0; i < x.numel(); ++i) {
-    const double a = cpu::load<double>(x.ref(), i), b = cpu::load<double>(ref.ref(), i);
+    const double a = core::load<double>(x.ref(), i), b = core::load<double>(ref.ref(), i);
     diff += (a - b) * (a - b);
     norm += b * b;
   }
@@ -59,7 +59,7 @@ inline double relative(const HostTensor& x, const HostTensor& ref) {
 inline HostTensor left_padding_mask(DType dtype, std::int64_t B, std::int64_t T) {
   HostTensor m = HostTensor::zeros(dtype, {B, T});
   for (std::int64_t b = 0; b < B; ++b)
-    for (std::int64_t t = 0; t < T; ++t) cpu::store(m.ref(), b * T + t, t > b ? 1.0 : 0.0);
+    for (std::int64_t t = 0; t < T; ++t) core::store(m.ref(), b * T + t, t > b ? 1.0 : 0.0);
   return m;
 }
 

@@ -6,7 +6,7 @@
 #include <mutex>
 #include <random>
 
-#include "cpu/convert.h"
+#include "core/convert.h"
 #include "gdn/conv1d.h"
 #include "gdn/error.h"
 #include "gdn/padding_mask.h"
@@ -18,7 +18,7 @@ HostTensor random(std::vector<std::int64_t> shape, std::uint64_t seed, DType dty
   HostTensor t = HostTensor::zeros(dtype, std::move(shape));
   std::mt19937_64 rng(seed);
   std::normal_distribution<double> normal(0.0, 1.0);
-  for (std::int64_t i = 0; i < t.numel(); ++i) cpu::store(t.ref(), i, normal(rng));
+  for (std::int64_t i = 0; i < t.numel(); ++i) core::store(t.ref(), i, normal(rng));
   return t;
 }
 
@@ -31,8 +31,8 @@ double sum_product(const HostTensor& a, const HostTensor& b) {
 double relative(const HostTensor& x, const HostTensor& ref) {
   double diff = 0, norm = 0;
   for (std::int64_t i = 0; i < x.numel(); ++i) {
-    diff += std::pow(cpu::load<double>(x.ref(), i) - cpu::load<double>(ref.ref(), i), 2);
-    norm += std::pow(cpu::load<double>(ref.ref(), i), 2);
+    diff += std::pow(core::load<double>(x.ref(), i) - core::load<double>(ref.ref(), i), 2);
+    norm += std::pow(core::load<double>(ref.ref(), i), 2);
   }
   return std::sqrt(diff / norm);
 }
@@ -85,8 +85,8 @@ TEST(Conv1d, ContextParallelHaloEqualsSingleRank) {
         HostTensor part = HostTensor::zeros(dtype, {B, Tl, D});
         for (std::int64_t b = 0; b < B; ++b)
           for (std::int64_t i = 0; i < Tl * D; ++i)
-            cpu::store(part.ref(), b * Tl * D + i,
-                       cpu::load<double>(full.ref(), (b * T + comm.rank() * Tl) * D + i));
+            core::store(part.ref(), b * Tl * D + i,
+                       core::load<double>(full.ref(), (b * T + comm.rank() * Tl) * D + i));
         return part;
       };
       HostTensor xs = slice(x, DType::f32), dys = slice(dy, DType::f32);

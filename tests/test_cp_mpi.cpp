@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "cpu/convert.h"
+#include "core/convert.h"
 #include "gdn/context_parallel.h"
 #include "gdn/error.h"
 #include "gdn/problem.h"
@@ -23,8 +23,8 @@ double worst_error(Communicator& comm, const ProblemResults& mine, const Problem
   const auto compare = [&](const HostTensor& x, const HostTensor& whole, std::int64_t first) {
     double diff = 0, norm = 0;
     for (std::int64_t i = 0; i < x.numel(); ++i) {
-      const double ref = cpu::load<double>(whole.ref(), first + i);
-      diff += std::pow(cpu::load<double>(x.ref(), i) - ref, 2);
+      const double ref = core::load<double>(whole.ref(), first + i);
+      diff += std::pow(core::load<double>(x.ref(), i) - ref, 2);
       norm += ref * ref;
     }
     worst = std::max(worst, std::sqrt(diff / std::max(norm, 1e-300)));

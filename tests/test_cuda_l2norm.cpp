@@ -6,7 +6,7 @@
 #include <random>
 #include <vector>
 
-#include "cpu/convert.h"
+#include "core/convert.h"
 #include "cuda/check.h"
 #include "cuda/l2norm.h"
 
@@ -23,7 +23,7 @@ void check_l2norm(DType dtype, std::int64_t rows, int dim, double tolerance) {
   std::mt19937_64 rng(rows * 31 + dim);
   std::normal_distribution<double> normal(0.0, 2.0);
   HostTensor x = HostTensor::zeros(dtype, {rows, dim});
-  for (std::int64_t i = 0; i < x.numel(); ++i) cpu::store(x.ref(), i, normal(rng));
+  for (std::int64_t i = 0; i < x.numel(); ++i) core::store(x.ref(), i, normal(rng));
 
   void *d_x, *d_out;
   float* d_rstd;
@@ -43,13 +43,13 @@ void check_l2norm(DType dtype, std::int64_t rows, int dim, double tolerance) {
   double diff = 0, norm = 0, rstd_diff = 0, rstd_norm = 0;
   for (std::int64_t row = 0; row < rows; ++row) {
     double sum = 0;
-    for (int i = 0; i < dim; ++i) sum += std::pow(cpu::load<double>(x.ref(), row * dim + i), 2);
+    for (int i = 0; i < dim; ++i) sum += std::pow(core::load<double>(x.ref(), row * dim + i), 2);
     const double r = 1.0 / std::sqrt(sum + 1e-6);
     rstd_diff += std::pow(rstd[row] - r, 2);
     rstd_norm += r * r;
     for (int i = 0; i < dim; ++i) {
-      const double expected = cpu::load<double>(x.ref(), row * dim + i) * r;
-      diff += std::pow(cpu::load<double>(out.ref(), row * dim + i) - expected, 2);
+      const double expected = core::load<double>(x.ref(), row * dim + i) * r;
+      diff += std::pow(core::load<double>(out.ref(), row * dim + i) - expected, 2);
       norm += expected * expected;
     }
   }

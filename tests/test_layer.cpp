@@ -39,7 +39,7 @@ HostTensor reference_forward(const LayerConfig& c, const LayerWeights& w64, cons
   std::vector<double> mixed(B * T * C), post(B * T * C), z(B * T * HV * V), bb(B * T * HV),
       aa(B * T * HV), o(B * T * HV * V);
   for (std::int64_t r = 0; r < B * T; ++r) {
-    const double m = mask ? cpu::load<double>(mask->ref(), r) : 1.0;
+    const double m = mask ? core::load<double>(mask->ref(), r) : 1.0;
     const auto proj = [&](const HostTensor& weight, std::int64_t row) {
       double s = 0;
       for (std::int64_t d = 0; d < D; ++d) s += at(x64, r * D + d) * m * at(weight, row * D + d);

@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "cpu/convert.h"
+#include "core/convert.h"
 #include "gdn/delta_rule.h"
 #include "gdn/problem.h"
 
@@ -42,12 +42,12 @@ inline void expect_close(ProblemResults& x, ProblemResults& ref, double tol,
     std::int64_t worst = 0;
     double gap = -1;
     for (std::int64_t i = 0; i < a.numel(); ++i) {
-      const double d = std::abs(cpu::load<double>(a, i) - cpu::load<double>(b, i));
+      const double d = std::abs(core::load<double>(a, i) - core::load<double>(b, i));
       if (d > gap) gap = d, worst = i;
     }
     EXPECT_LE(err, tol) << what << " " << xs[n].first << ": relative error " << err
                         << "; largest gap at flat index " << worst << ": "
-                        << cpu::load<double>(a, worst) << " vs " << cpu::load<double>(b, worst);
+                        << core::load<double>(a, worst) << " vs " << core::load<double>(b, worst);
   }
 }
 

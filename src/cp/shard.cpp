@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "cpu/layout.h"
+#include "core/layout.h"
 #include "gdn/error.h"
 
 namespace gdn::cp {
@@ -28,10 +28,10 @@ void write_owned_rows(const ShardPlan& plan, const HostTensor& local, const Tens
   const std::int64_t row = plan.state_size();
   const std::vector<float> zeros(static_cast<std::size_t>(row), 0.0f);
   for (std::int64_t n = 0; n < plan.global_sequences; ++n)
-    cpu::store_row(user, n * row, row, zeros.data());
+    core::store_row(user, n * row, row, zeros.data());
   for (std::size_t i = 0; i < plan.segments.size(); ++i)
     if (!(plan.segments[i].*crosses))
-      cpu::store_row(user, plan.segments[i].sequence * row, row,
+      core::store_row(user, plan.segments[i].sequence * row, row,
                      local.as<float>() + static_cast<std::int64_t>(i) * row);
 }
 
@@ -66,8 +66,8 @@ ShardPlan plan_shard(Communicator& comm, const DeltaRuleInputs& shard) {
     plan.chains = 1;
     plan.local_cu_seqlens.push_back(0);
     for (std::int64_t n = 0; n < global.N; ++n) {
-      const auto begin = cpu::load<std::int64_t>(shard.cu_seqlens, n);
-      const auto end = cpu::load<std::int64_t>(shard.cu_seqlens, n + 1);
+      const auto begin = core::load<std::int64_t>(shard.cu_seqlens, n);
+      const auto end = core::load<std::int64_t>(shard.cu_seqlens, n + 1);
       if (end <= t0 || begin >= t1) continue;
       plan.segments.push_back({n, begin<t0, end> t1, 0});
       plan.local_cu_seqlens.push_back(std::min(end, t1) - t0);
@@ -91,7 +91,7 @@ LocalProblem::LocalProblem(const ShardPlan& plan, const DeltaRuleInputs& shard,
     if (seg.from_previous)
       std::copy_n(carried_in + seg.chain * row, row, dst);
     else if (shard.initial_state.given())
-      cpu::load_row(shard.initial_state, seg.sequence * row, row, dst);
+      core::load_row(shard.initial_state, seg.sequence * row, row, dst);
   }
   inputs = shard;
   inputs.initial_state = initial_state.ref();
@@ -127,7 +127,7 @@ void LocalProblem::set_d_final_state(const ShardPlan& plan, const TensorRef& use
     if (seg.to_next)
       std::copy_n(carried + seg.chain * row, row, dst);
     else if (user.given())
-      cpu::load_row(user, seg.sequence * row, row, dst);
+      core::load_row(user, seg.sequence * row, row, dst);
     else
       std::fill_n(dst, row, 0.0f);
   }

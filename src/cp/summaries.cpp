@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "cpu/layout.h"
+#include "core/layout.h"
 #include "cpu/summary.h"
 
 namespace gdn::cp {
@@ -36,7 +36,7 @@ AffineMaps backward_maps(const ShardPlan& plan, const LocalProblem& local, const
     std::vector<float> d_final;
     if (!seg.to_next && d_final_state.given()) {
       d_final.resize(static_cast<std::size_t>(plan.state_size()));
-      cpu::load_row(d_final_state, seg.sequence * plan.state_size(), plan.state_size(),
+      core::load_row(d_final_state, seg.sequence * plan.state_size(), plan.state_size(),
                     d_final.data());
     }
     if (!seg.to_next) std::fill_n(maps.M(seg.chain * s.HV), s.HV * s.K * s.K, 0.0f);

@@ -4,7 +4,7 @@
 
 #include <cstring>
 
-#include "cpu/layout.h"
+#include "core/layout.h"
 #include "gdn/error.h"
 
 namespace gdn::cp {
@@ -58,8 +58,8 @@ std::vector<int> owners(const ShardPlan& plan, const DeltaRuleInputs& shard, boo
   std::vector<int> owner(to_size(plan.global_sequences), start ? 0 : plan.ranks - 1);
   if (shard.cu_seqlens.given())
     for (std::int64_t n = 0; n < plan.global_sequences; ++n) {
-      const auto t = start ? cpu::load<std::int64_t>(shard.cu_seqlens, n)
-                           : cpu::load<std::int64_t>(shard.cu_seqlens, n + 1) - 1;
+      const auto t = start ? core::load<std::int64_t>(shard.cu_seqlens, n)
+                           : core::load<std::int64_t>(shard.cu_seqlens, n + 1) - 1;
       owner[to_size(n)] = static_cast<int>(t / plan.shape.T);
     }
   return owner;
@@ -76,7 +76,7 @@ HostTensor rows_to_heads(Communicator& comm, const ShardPlan& plan, const Tensor
     for (std::int64_t n = 0; n < N; ++n) {
       if (owner[to_size(n)] == plan.rank) {
         send.resize(send.size() + to_size(piece));
-        cpu::load_row(user, (n * plan.shape.HV + j * HVp) * plan.shape.K * plan.shape.V, piece,
+        core::load_row(user, (n * plan.shape.HV + j * HVp) * plan.shape.K * plan.shape.V, piece,
                       send.data() + send.size() - to_size(piece));
         send_bytes[to_size(j)] += to_size(piece) * sizeof(float);
       }
@@ -124,14 +124,14 @@ void heads_to_rows(Communicator& comm, const ShardPlan& plan, const HostTensor& 
   if (!user.given()) return;
   const std::vector<float> zeros(to_size(plan.shape.HV * plan.shape.K * plan.shape.V), 0.0f);
   for (std::int64_t n = 0; n < N; ++n)
-    cpu::store_row(user, n * plan.shape.HV * plan.shape.K * plan.shape.V,
+    core::store_row(user, n * plan.shape.HV * plan.shape.K * plan.shape.V,
                    static_cast<std::int64_t>(zeros.size()), zeros.data());
   // From rank j come its head slices of the rows this rank owns, in sequence order.
   const float* from = recv.data();
   for (std::int64_t j = 0; j < P; ++j)
     for (std::int64_t n = 0; n < N; ++n)
       if (owner[to_size(n)] == plan.rank) {
-        cpu::store_row(user, (n * plan.shape.HV + j * HVp) * plan.shape.K * plan.shape.V, piece,
+        core::store_row(user, (n * plan.shape.HV + j * HVp) * plan.shape.K * plan.shape.V, piece,
                        from);
         from += piece;
       }

@@ -29,7 +29,7 @@ void add_pair_terms(const Mat& t, Vec& dG) {
 
 void chunked_backward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
                       const DeltaRuleGrads& gr) {
-  const Layout at{s};
+  const core::Layout at{s};
   const std::vector<Sequence> seqs = sequences(in, s);
   const std::vector<Span> spans = chunk_spans(seqs, in.chunk_size);
   const Packed p = pack(in, s, spans, seqs);
@@ -59,7 +59,7 @@ void chunked_backward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
         const std::int64_t hv = hk * group + j;
         float* state = states.data() + j * state_stride;
         if (in.initial_state.given())
-          load_row(in.initial_state, at.state(n, hv), KV, state);
+          core::load_row(in.initial_state, at.state(n, hv), KV, state);
         else
           std::fill_n(state, KV, 0.0f);
         for (std::int64_t ci = 0; ci < chunks; ++ci) {
@@ -70,14 +70,14 @@ void chunked_backward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
           x.prepare(p, b, hv, t, c);
           Y.noalias() = x.X.topRows(c) * S;
           for (std::int64_t i = 0; i < c; ++i)
-            load_row(in.v, at.v(b, t + i, hv), V, vn.row(i).data());
+            core::load_row(in.v, at.v(b, t + i, hv), V, vn.row(i).data());
           vn = x.beta.asDiagonal() * vn - Y;
           x.L.triangularView<Eigen::UnitLower>().solveInPlace(vn);
           next = x.gamma * S;
           next.noalias() += x.Kf.transpose() * vn;
         }
         if (gr.d_final_state.given())
-          load_row(gr.d_final_state, at.state(n, hv), KV, dS[j].data());
+          core::load_row(gr.d_final_state, at.state(n, hv), KV, dS[j].data());
         else
           dS[j].setZero();
       }
@@ -95,8 +95,8 @@ void chunked_backward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
           D.resize(2 * c, V);
           v.resize(c, V);
           for (std::int64_t i = 0; i < c; ++i) {
-            load_row(gr.d_o, at.v(b, t + i, hv), V, D.row(c + i).data());
-            load_row(in.v, at.v(b, t + i, hv), V, v.row(i).data());
+            core::load_row(gr.d_o, at.v(b, t + i, hv), V, D.row(c + i).data());
+            core::load_row(in.v, at.v(b, t + i, hv), V, v.row(i).data());
           }
           D.bottomRows(c) *= scale;
 
@@ -144,9 +144,9 @@ void chunked_backward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
           for (std::int64_t i = c - 2; i >= 0; --i) dG[i] += dG[i + 1];
 
           for (std::int64_t i = 0; i < c; ++i) {
-            store_row(gr.dv, at.v(b, t + i, hv), V, v.row(i).data());
-            store(gr.dg, at.gate(b, t + i, hv), dG[i]);
-            store(gr.dbeta, at.gate(b, t + i, hv), dbeta[i]);
+            core::store_row(gr.dv, at.v(b, t + i, hv), V, v.row(i).data());
+            core::store(gr.dg, at.gate(b, t + i, hv), dG[i]);
+            core::store(gr.dbeta, at.gate(b, t + i, hv), dbeta[i]);
           }
           dS[j].swap(dS_in);
         }
@@ -158,13 +158,13 @@ void chunked_backward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
             l2_normalize_backward(p.q.data() + (row + i) * K, p.rq[row + i], dq.row(i).data(), K);
             l2_normalize_backward(p.k.data() + (row + i) * K, p.rk[row + i], dk.row(i).data(), K);
           }
-          store_row(gr.dq, at.qk(b, t + i, hk), K, dq.row(i).data());
-          store_row(gr.dk, at.qk(b, t + i, hk), K, dk.row(i).data());
+          core::store_row(gr.dq, at.qk(b, t + i, hk), K, dq.row(i).data());
+          core::store_row(gr.dk, at.qk(b, t + i, hk), K, dk.row(i).data());
         }
       }
       if (gr.dh0.given())
         for (std::int64_t j = 0; j < group; ++j)
-          store_row(gr.dh0, at.state(n, hk * group + j), KV, dS[j].data());
+          core::store_row(gr.dh0, at.state(n, hk * group + j), KV, dS[j].data());
     }
   }
 }

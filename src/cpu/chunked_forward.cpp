@@ -7,7 +7,7 @@ namespace gdn::cpu {
 
 void chunked_forward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
                      const DeltaRuleOutputs& out) {
-  const Layout at{s};
+  const core::Layout at{s};
   const std::vector<Sequence> seqs = sequences(in, s);
   const std::vector<Span> spans = chunk_spans(seqs, in.chunk_size);
   const Packed p = pack(in, s, spans, seqs);
@@ -23,7 +23,7 @@ void chunked_forward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
       const std::int64_t n = task / s.HV, hv = task % s.HV;
       const Sequence& seq = seqs[static_cast<std::size_t>(n)];
       if (in.initial_state.given())
-        load_row(in.initial_state, at.state(n, hv), s.K * s.V, S.data());
+        core::load_row(in.initial_state, at.state(n, hv), s.K * s.V, S.data());
       else
         S.setZero();
       for (std::int64_t t0 = 0; t0 < seq.length; t0 += C) {
@@ -32,7 +32,7 @@ void chunked_forward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
         Y.noalias() = x.X * S;  // [diag(beta e) K S; diag(e) Q S]
         R.resize(c, s.V);
         for (std::int64_t i = 0; i < c; ++i)
-          load_row(in.v, at.v(seq.batch, t + i, hv), s.V, R.row(i).data());
+          core::load_row(in.v, at.v(seq.batch, t + i, hv), s.V, R.row(i).data());
         R = x.beta.asDiagonal() * R - Y.topRows(c);
         // Vn = U - W S = (I + L)^-1 (diag(beta) V - diag(beta e) K S)
         x.L.triangularView<Eigen::UnitLower>().solveInPlace(R);
@@ -42,9 +42,10 @@ void chunked_forward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
         S *= x.gamma;                         // S' = exp(G_C) S
         S.noalias() += x.Kf.transpose() * R;  //   + (diag(f) K)^T Vn
         for (std::int64_t i = 0; i < c; ++i)
-          store_row(out.o, at.v(seq.batch, t + i, hv), s.V, O.row(i).data());
+          core::store_row(out.o, at.v(seq.batch, t + i, hv), s.V, O.row(i).data());
       }
-      if (out.final_state.given()) store_row(out.final_state, at.state(n, hv), s.K * s.V, S.data());
+      if (out.final_state.given())
+        core::store_row(out.final_state, at.state(n, hv), s.K * s.V, S.data());
     }
   }
 }

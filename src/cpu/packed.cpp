@@ -26,7 +26,7 @@ std::vector<Span> chunk_spans(const std::vector<Sequence>& seqs, std::int64_t C)
 
 Packed pack(const DeltaRuleInputs& in, const DeltaRuleShape& s, const std::vector<Span>& spans,
             const std::vector<Sequence>& seqs) {
-  const Layout at{s};
+  const core::Layout at{s};
   const std::int64_t C = in.chunk_size, K = s.K, group = s.HV / s.HK;
   const auto key_rows = static_cast<std::size_t>(s.B * s.HK * s.T);
   const auto value_rows = static_cast<std::size_t>(s.B * s.HV * s.T);
@@ -49,8 +49,8 @@ Packed pack(const DeltaRuleInputs& in, const DeltaRuleShape& s, const std::vecto
     const std::int64_t row = p.key_row(b, hk, t);
     float *q = p.q.data() + row * K, *k = p.k.data() + row * K;
     for (std::int64_t i = 0; i < c; ++i) {
-      load_row(in.q, at.qk(b, t + i, hk), K, q + i * K);
-      load_row(in.k, at.qk(b, t + i, hk), K, k + i * K);
+      core::load_row(in.q, at.qk(b, t + i, hk), K, q + i * K);
+      core::load_row(in.k, at.qk(b, t + i, hk), K, k + i * K);
       p.rq[row + i] = in.use_qk_l2norm ? l2_normalize(q + i * K, K) : 1.0f;
       p.rk[row + i] = in.use_qk_l2norm ? l2_normalize(k + i * K, K) : 1.0f;
     }
@@ -64,9 +64,9 @@ Packed pack(const DeltaRuleInputs& in, const DeltaRuleShape& s, const std::vecto
     for (std::int64_t hv = hk * group; hv < (hk + 1) * group; ++hv) {
       float running = 0;
       for (std::int64_t i = 0; i < c; ++i) {
-        running += load<float>(in.g, at.gate(b, t + i, hv));  // G_i = sum_{j <= i} g_j
+        running += core::load<float>(in.g, at.gate(b, t + i, hv));  // G_i = sum_{j <= i} g_j
         p.G[p.value_row(b, hv, t) + i] = running;
-        p.beta[p.value_row(b, hv, t) + i] = load<float>(in.beta, at.gate(b, t + i, hv));
+        p.beta[p.value_row(b, hv, t) + i] = core::load<float>(in.beta, at.gate(b, t + i, hv));
       }
     }
   }

@@ -8,7 +8,8 @@
 #include <memory>
 #include <vector>
 
-#include "cpu/layout.h"
+#include "core/layout.h"
+#include "cpu/l2norm.h"
 
 namespace gdn::cpu {
 

@@ -4,7 +4,8 @@
 #include <cmath>
 #include <vector>
 
-#include "cpu/layout.h"
+#include "core/layout.h"
+#include "cpu/l2norm.h"
 
 namespace gdn::cpu {
 namespace {
@@ -23,18 +24,18 @@ struct Token {
 
   Token(const DeltaRuleShape& s) : q(s.K), k(s.K), v(s.V) {}
 
-  void load(const DeltaRuleInputs& in, const Layout& at, const Sequence& seq, std::int64_t t,
+  void load(const DeltaRuleInputs& in, const core::Layout& at, const Sequence& seq, std::int64_t t,
             std::int64_t hv) {
     const std::int64_t b = seq.batch, tt = seq.begin + t, hk = at.key_head(hv);
-    load_row(in.q, at.qk(b, tt, hk), at.s.K, q.data());
-    load_row(in.k, at.qk(b, tt, hk), at.s.K, k.data());
-    load_row(in.v, at.v(b, tt, hv), at.s.V, v.data());
+    core::load_row(in.q, at.qk(b, tt, hk), at.s.K, q.data());
+    core::load_row(in.k, at.qk(b, tt, hk), at.s.K, k.data());
+    core::load_row(in.v, at.v(b, tt, hv), at.s.V, v.data());
     if (in.use_qk_l2norm) {
       q_norm = l2_normalize(q.data(), at.s.K);
       k_norm = l2_normalize(k.data(), at.s.K);
     }
-    decay = std::exp(cpu::load<double>(in.g, at.gate(b, tt, hv)));
-    beta = cpu::load<double>(in.beta, at.gate(b, tt, hv));
+    decay = std::exp(core::load<double>(in.g, at.gate(b, tt, hv)));
+    beta = core::load<double>(in.beta, at.gate(b, tt, hv));
   }
 };
 
@@ -49,10 +50,10 @@ void step(const Token& x, std::int64_t K, std::int64_t V, double* S, double* del
     for (std::int64_t j = 0; j < V; ++j) S[i * V + j] += x.k[i] * delta[j];
 }
 
-void load_initial_state(const DeltaRuleInputs& in, const Layout& at, std::int64_t n,
+void load_initial_state(const DeltaRuleInputs& in, const core::Layout& at, std::int64_t n,
                         std::int64_t hv, std::vector<double>& S) {
   if (in.initial_state.given())
-    load_row(in.initial_state, at.state(n, hv), at.s.K * at.s.V, S.data());
+    core::load_row(in.initial_state, at.state(n, hv), at.s.K * at.s.V, S.data());
   else
     std::fill(S.begin(), S.end(), 0.0);
 }
@@ -61,7 +62,7 @@ void load_initial_state(const DeltaRuleInputs& in, const Layout& at, std::int64_
 
 void recurrent_forward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
                        const DeltaRuleOutputs& out) {
-  const Layout at{s};
+  const core::Layout at{s};
   const std::vector<Sequence> seqs = sequences(in, s);
   const double scale = scale_of(in, s);
   const auto tasks = static_cast<std::int64_t>(seqs.size()) * s.HV;
@@ -79,9 +80,10 @@ void recurrent_forward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
       for (std::int64_t i = 0; i < s.K; ++i)
         for (std::int64_t j = 0; j < s.V; ++j) o[j] += S[i * s.V + j] * x.q[i];
       for (double& y : o) y *= scale;
-      store_row(out.o, at.v(seq.batch, seq.begin + t, hv), s.V, o.data());
+      core::store_row(out.o, at.v(seq.batch, seq.begin + t, hv), s.V, o.data());
     }
-    if (out.final_state.given()) store_row(out.final_state, at.state(n, hv), s.K * s.V, S.data());
+    if (out.final_state.given())
+      core::store_row(out.final_state, at.state(n, hv), s.K * s.V, S.data());
   }
 }
 
@@ -89,7 +91,7 @@ void recurrent_forward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
 // races); states are checkpointed every kCheckpointStride tokens and recomputed per segment.
 void recurrent_backward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
                         const DeltaRuleGrads& gr) {
-  const Layout at{s};
+  const core::Layout at{s};
   const std::vector<Sequence> seqs = sequences(in, s);
   const double scale = scale_of(in, s);
   const std::int64_t KV = s.K * s.V, group = s.HV / s.HK;
@@ -114,7 +116,7 @@ void recurrent_backward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
         step(x, s.K, s.V, S.data(), delta.data());
       }
       if (gr.d_final_state.given())
-        load_row(gr.d_final_state, at.state(n, hv), KV, dS.data());
+        core::load_row(gr.d_final_state, at.state(n, hv), KV, dS.data());
       else
         std::fill(dS.begin(), dS.end(), 0.0);
 
@@ -133,7 +135,7 @@ void recurrent_backward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
           const double* S_prev = states.data() + (t - t0) * KV;
           const double* S_now = states.data() + (t - t0 + 1) * KV;
           const std::int64_t b = seq.batch, tt = seq.begin + t;
-          load_row(gr.d_o, at.v(b, tt, hv), s.V, d_o.data());
+          core::load_row(gr.d_o, at.v(b, tt, hv), s.V, d_o.data());
           // u = S~^T k with S~ = exp(g) S_prev; delta = beta (v - u)
           for (std::int64_t j = 0; j < s.V; ++j) {
             u[j] = 0;
@@ -181,16 +183,16 @@ void recurrent_backward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
             dq[static_cast<std::size_t>(t * s.K + i)] += dq_hat[i];
             dk[static_cast<std::size_t>(t * s.K + i)] += dk_hat[i];
           }
-          store_row(gr.dv, at.v(b, tt, hv), s.V, dv.data());
-          store(gr.dg, at.gate(b, tt, hv), dg);
-          store(gr.dbeta, at.gate(b, tt, hv), dbeta);
+          core::store_row(gr.dv, at.v(b, tt, hv), s.V, dv.data());
+          core::store(gr.dg, at.gate(b, tt, hv), dg);
+          core::store(gr.dbeta, at.gate(b, tt, hv), dbeta);
         }
       }
-      if (gr.dh0.given()) store_row(gr.dh0, at.state(n, hv), KV, dS.data());
+      if (gr.dh0.given()) core::store_row(gr.dh0, at.state(n, hv), KV, dS.data());
     }
     for (std::int64_t t = 0; t < seq.length; ++t) {
-      store_row(gr.dq, at.qk(seq.batch, seq.begin + t, hk), s.K, dq.data() + t * s.K);
-      store_row(gr.dk, at.qk(seq.batch, seq.begin + t, hk), s.K, dk.data() + t * s.K);
+      core::store_row(gr.dq, at.qk(seq.batch, seq.begin + t, hk), s.K, dq.data() + t * s.K);
+      core::store_row(gr.dk, at.qk(seq.batch, seq.begin + t, hk), s.K, dk.data() + t * s.K);
     }
   }
 }

@@ -23,7 +23,7 @@ struct OneSequence {
 
 void chunked_summary(const DeltaRuleInputs& in, const DeltaRuleShape& s, std::int64_t sequence,
                      float* M, float* N) {
-  const Layout at{s};
+  const core::Layout at{s};
   const OneSequence one(in, s, sequence);
   const Sequence& seq = one.seqs[0];
   const std::int64_t K = s.K, V = s.V, width = M ? K + V : V;  // state columns [M | N] or [N]
@@ -37,8 +37,8 @@ void chunked_summary(const DeltaRuleInputs& in, const DeltaRuleShape& s, std::in
       if (M) S.leftCols(K).setIdentity();
       if (in.initial_state.given())
         for (std::int64_t i = 0; i < K; ++i)
-          load_row(in.initial_state, at.state(sequence, hv) + i * V, V,
-                   S.row(i).data() + width - V);
+          core::load_row(in.initial_state, at.state(sequence, hv) + i * V, V,
+                         S.row(i).data() + width - V);
       for (const Span& span : one.spans) {
         const std::int64_t c = span.c, t = seq.begin + span.t0;
         x.prepare(one.packed, seq.batch, hv, t, c);
@@ -46,7 +46,7 @@ void chunked_summary(const DeltaRuleInputs& in, const DeltaRuleShape& s, std::in
         R.noalias() = -x.X.topRows(c) * S;
         B.resize(c, V);
         for (std::int64_t i = 0; i < c; ++i)
-          load_row(in.v, at.v(seq.batch, t + i, hv), V, B.row(i).data());
+          core::load_row(in.v, at.v(seq.batch, t + i, hv), V, B.row(i).data());
         R.rightCols(V) += x.beta.asDiagonal() * B;
         x.L.triangularView<Eigen::UnitLower>().solveInPlace(R);
         S *= x.gamma;  // S' = exp(G_C) S + (diag(f) K)^T Vn
@@ -63,7 +63,7 @@ void chunked_summary(const DeltaRuleInputs& in, const DeltaRuleShape& s, std::in
 void chunked_initial_state_grad(const DeltaRuleInputs& in, const DeltaRuleShape& s,
                                 std::int64_t sequence, const TensorRef& d_o, const float* dS_T,
                                 float* G) {
-  const Layout at{s};
+  const core::Layout at{s};
   const OneSequence one(in, s, sequence);
   const Sequence& seq = one.seqs[0];
   const std::int64_t K = s.K, V = s.V;
@@ -83,7 +83,7 @@ void chunked_initial_state_grad(const DeltaRuleInputs& in, const DeltaRuleShape&
         x.prepare(one.packed, seq.batch, hv, t, c);
         dO.resize(c, V);
         for (std::int64_t i = 0; i < c; ++i)
-          load_row(d_o, at.v(seq.batch, t + i, hv), V, dO.row(i).data());
+          core::load_row(d_o, at.v(seq.batch, t + i, hv), V, dO.row(i).data());
         // dVn = scale P^T dO + diag(f) K dS; dS_in = scale (diag(e) Q)^T dO + gamma dS - W^T dVn
         // with W^T dVn = (diag(beta e) K)^T (I + L)^-T dVn.
         dVn.noalias() = scale * x.P.transpose() * dO;

@@ -10,7 +10,7 @@
 #include <set>
 #include <sstream>
 
-#include "cpu/convert.h"
+#include "core/convert.h"
 #include "gdn/error.h"
 #include "gdn/layer_weights.h"
 #include "io/qwen3_next.h"
@@ -78,7 +78,7 @@ HostTensor converted(const HostTensor& t, DType dtype) {
   if (t.dtype == dtype) return t;
   HostTensor out = HostTensor::zeros(dtype, t.shape);
   const TensorRef src = t.ref(), dst = out.ref();
-  for (std::int64_t i = 0; i < t.numel(); ++i) cpu::store(dst, i, cpu::load<double>(src, i));
+  for (std::int64_t i = 0; i < t.numel(); ++i) core::store(dst, i, core::load<double>(src, i));
   return out;
 }
 

@@ -1,6 +1,6 @@
 #include "io/qwen3_next.h"
 
-#include "cpu/convert.h"
+#include "core/convert.h"
 
 namespace gdn::io {
 namespace {
@@ -10,7 +10,7 @@ void copy_rows(const HostTensor& from, std::int64_t from_row, HostTensor& to, st
                std::int64_t rows, std::int64_t width) {
   const TensorRef src = from.ref(), dst = to.ref();
   for (std::int64_t i = 0; i < rows * width; ++i)
-    cpu::store(dst, to_row * width + i, cpu::load<double>(src, from_row * width + i));
+    core::store(dst, to_row * width + i, core::load<double>(src, from_row * width + i));
 }
 
 }  // namespace

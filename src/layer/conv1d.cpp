@@ -5,7 +5,7 @@
 #include <cmath>
 #include <vector>
 
-#include "cpu/layout.h"
+#include "core/layout.h"
 #include "gdn/error.h"
 
 namespace gdn {
@@ -46,8 +46,8 @@ std::vector<double> extended_input(const Conv1dArgs& a, const ConvShape& s) {
   std::vector<double> ext(static_cast<std::size_t>(s.B * rows * s.D), 0.0);
   for (std::int64_t b = 0; b < s.B; ++b) {
     double* dst = ext.data() + b * rows * s.D;
-    if (a.halo.given()) cpu::load_row(a.halo, b * (s.W - 1) * s.D, (s.W - 1) * s.D, dst);
-    cpu::load_row(a.x, b * s.T * s.D, s.T * s.D, dst + (s.W - 1) * s.D);
+    if (a.halo.given()) core::load_row(a.halo, b * (s.W - 1) * s.D, (s.W - 1) * s.D, dst);
+    core::load_row(a.x, b * s.T * s.D, s.T * s.D, dst + (s.W - 1) * s.D);
   }
   return ext;
 }
@@ -67,7 +67,7 @@ std::vector<double> taps(const Conv1dArgs& a, const ConvShape& s) {
   std::vector<double> w(static_cast<std::size_t>(s.W * s.D));
   for (std::int64_t d = 0; d < s.D; ++d)
     for (std::int64_t j = 0; j < s.W; ++j)
-      w[static_cast<std::size_t>(j * s.D + d)] = cpu::load<double>(a.weight, d * s.W + j);
+      w[static_cast<std::size_t>(j * s.D + d)] = core::load<double>(a.weight, d * s.W + j);
   return w;
 }
 
@@ -85,7 +85,7 @@ void conv1d_forward(const Conv1dArgs& a, const TensorRef& y) {
       for (std::int64_t t = 0; t < s.T; ++t) {
         pre_activation_row(ext, w, s, b, t, z.data());
         for (double& v : z) v *= sigmoid(v);  // silu
-        cpu::store_row(y, (b * s.T + t) * s.D, s.D, z.data());
+        core::store_row(y, (b * s.T + t) * s.D, s.D, z.data());
       }
   }
 }
@@ -108,7 +108,7 @@ void conv1d_backward(const Conv1dArgs& a, const TensorRef& dy, const TensorRef& 
     for (std::int64_t b = 0; b < s.B; ++b)
       for (std::int64_t t = 0; t < s.T; ++t) {
         pre_activation_row(ext, w, s, b, t, z.data());
-        cpu::load_row(dy, (b * s.T + t) * s.D, s.D, g.data());
+        core::load_row(dy, (b * s.T + t) * s.D, s.D, g.data());
         double* out = dz.data() + (b * s.T + t) * s.D;
         for (std::int64_t d = 0; d < s.D; ++d) {
           const double sz = sigmoid(z[d]);
@@ -133,9 +133,9 @@ void conv1d_backward(const Conv1dArgs& a, const TensorRef& dy, const TensorRef& 
             row[d] += w[static_cast<std::size_t>(j * s.D + d)] * g[d];
         }
         if (r < s.W - 1)
-          cpu::store_row(dhalo, (b * (s.W - 1) + r) * s.D, s.D, row.data());
+          core::store_row(dhalo, (b * (s.W - 1) + r) * s.D, s.D, row.data());
         else
-          cpu::store_row(dx, (b * s.T + r - (s.W - 1)) * s.D, s.D, row.data());
+          core::store_row(dx, (b * s.T + r - (s.W - 1)) * s.D, s.D, row.data());
       }
   }
   // dw[d, j] = sum_{b, t} dz[b, t, d] ext[b, t + j, d]
@@ -151,7 +151,7 @@ void conv1d_backward(const Conv1dArgs& a, const TensorRef& dy, const TensorRef& 
       }
   for (std::int64_t d = 0; d < s.D; ++d)
     for (std::int64_t j = 0; j < s.W; ++j)
-      cpu::store(dweight, d * s.W + j, dw[static_cast<std::size_t>(j * s.D + d)]);
+      core::store(dweight, d * s.W + j, dw[static_cast<std::size_t>(j * s.D + d)]);
 }
 
 namespace {
@@ -171,7 +171,7 @@ HostTensor receive_halo(Communicator& comm, const Conv1dArgs& shard, const ConvS
       for (std::int64_t t = 0; t < s.W - 1; ++t)
         for (std::int64_t d = 0; d < s.D; ++d)
           tail.as<double>()[(b * (s.W - 1) + t) * s.D + d] =
-              cpu::load<double>(shard.x, (b * s.T + s.T - (s.W - 1) + t) * s.D + d);
+              core::load<double>(shard.x, (b * s.T + s.T - (s.W - 1) + t) * s.D + d);
     if (comm.rank() > 0)
       comm.send_recv(tail.bytes.data(), bytes, comm.rank() + 1, halo.bytes.data(), bytes,
                      comm.rank() - 1);
@@ -216,8 +216,8 @@ void cp_conv1d_backward(Communicator& comm, const Conv1dArgs& shard, const Tenso
     for (std::int64_t t = 0; t < s.W - 1; ++t)
       for (std::int64_t d = 0; d < s.D; ++d) {
         const std::int64_t i = (b * s.T + s.T - (s.W - 1) + t) * s.D + d;
-        cpu::store(dx, i,
-                   cpu::load<double>(dx, i) + d_tail.as<double>()[(b * (s.W - 1) + t) * s.D + d]);
+        core::store(dx, i,
+                   core::load<double>(dx, i) + d_tail.as<double>()[(b * (s.W - 1) + t) * s.D + d]);
       }
 }
 

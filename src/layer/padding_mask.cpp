@@ -2,7 +2,7 @@
 
 #include <fmt/format.h>
 
-#include "cpu/convert.h"
+#include "core/convert.h"
 #include "gdn/error.h"
 
 namespace gdn {
@@ -20,9 +20,9 @@ void apply_padding_mask(const TensorRef& x, const TensorRef& mask) {
                             x.shape[1], mask.shape_string()));
   const std::int64_t rows = x.shape[0] * x.shape[1], D = x.shape[2];
   for (std::int64_t r = 0; r < rows; ++r) {
-    const auto keep = cpu::load<double>(mask, r);
+    const auto keep = core::load<double>(mask, r);
     for (std::int64_t d = 0; d < D; ++d)
-      cpu::store(x, r * D + d, cpu::load<double>(x, r * D + d) * keep);
+      core::store(x, r * D + d, core::load<double>(x, r * D + d) * keep);
   }
 }
 

@@ -8,7 +8,7 @@
 #include <random>
 #include <vector>
 
-#include "cpu/convert.h"
+#include "core/convert.h"
 #include "gdn/error.h"
 #include "gdn/layer.h"
 
@@ -118,7 +118,7 @@ LayerWeights random_parameters(const LayerConfig& c, DType dtype, std::uint64_t 
     if (name == "norm.weight") mean = 1, stddev = 0.1;
     std::mt19937_64 rng(seed * 100 + n++);
     std::normal_distribution<double> normal(mean, stddev);
-    for (std::int64_t i = 0; i < t.numel(); ++i) cpu::store(t.ref(), i, normal(rng));
+    for (std::int64_t i = 0; i < t.numel(); ++i) core::store(t.ref(), i, normal(rng));
   });
   return w;
 }

@@ -7,7 +7,7 @@
 
 #include "gdn/tensor.h"
 
-namespace gdn::cpu {
+namespace gdn::core {
 
 inline float bf16_to_float(std::uint16_t h) {
   return std::bit_cast<float>(std::uint32_t{h} << 16);
@@ -92,4 +92,4 @@ inline void store(const TensorRef& t, std::int64_t i, Compute x) {
   }
 }
 
-}  // namespace gdn::cpu
+}  // namespace gdn::core

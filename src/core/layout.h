@@ -1,15 +1,15 @@
 #pragma once
-// Element offsets into the op's tensors (spec section 2), and row loads in the compute type.
+// Element offsets into the op's tensors (spec section 2), and row loads and stores in a compute
+// type: host utilities that every backend, CP and the layer share.
 
-#include <cmath>
 #include <cstdint>
 #include <vector>
 
-#include "cpu/convert.h"
+#include "core/convert.h"
 #include "gdn/delta_rule.h"
 #include "validate.h"
 
-namespace gdn::cpu {
+namespace gdn::core {
 
 struct Layout {
   DeltaRuleShape s;
@@ -70,22 +70,4 @@ void store_row(const TensorRef& t, std::int64_t offset, std::int64_t count, cons
   }
 }
 
-// x <- x * rsqrt(sum(x^2) + 1e-6); returns the factor r (spec 1).
-template <typename Compute>
-Compute l2_normalize(Compute* x, std::int64_t n) {
-  Compute sum = 0;
-  for (std::int64_t i = 0; i < n; ++i) sum += x[i] * x[i];
-  const Compute r = Compute{1} / std::sqrt(sum + static_cast<Compute>(1e-6));
-  for (std::int64_t i = 0; i < n; ++i) x[i] *= r;
-  return r;
-}
-
-// Gradient through x_hat = x r, r = (|x|^2 + eps)^-1/2: dx = r (dx_hat - x_hat (x_hat . dx_hat)).
-template <typename Compute>
-void l2_normalize_backward(const Compute* x_hat, Compute r, Compute* dx, std::int64_t n) {
-  Compute dot = 0;
-  for (std::int64_t i = 0; i < n; ++i) dot += x_hat[i] * dx[i];
-  for (std::int64_t i = 0; i < n; ++i) dx[i] = r * (dx[i] - x_hat[i] * dot);
-}
-
-}  // namespace gdn::cpu
+}  // namespace gdn::core
