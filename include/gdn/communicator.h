@@ -1,10 +1,15 @@
 #pragma once
 // The ranks of one context-parallel group and the few exchanges the strategies need. Every
-// strategy is written once against this interface; implementations: in-process threads (the
-// default), MPI processes, and (with the GPU work) NCCL on device buffers and streams.
+// strategy is written once against this interface; implementations: in-process threads and MPI
+// processes on host memory (here), NCCL and virtual ranks on one GPU on device memory
+// (gdn/gpu_communicator.h).
 //
-// Every call blocks until its data has arrived or been handed off. A peer that does not answer
-// within the communicator's timeout makes the call throw gdn::Error naming both ranks, never hang.
+// A host communicator's calls block until their data has arrived or been handed off. A device
+// communicator's calls take device pointers and are ordered on its stream(): work enqueued there
+// before a call is what it sends, work enqueued after it sees what it received; the call returns
+// once enqueued, with no host synchronization. A peer that does not answer within the
+// communicator's timeout makes a call (or synchronize()) throw gdn::Error naming both ranks,
+// never hang.
 
 #include <chrono>
 #include <cstddef>
@@ -12,7 +17,11 @@
 #include <memory>
 #include <vector>
 
+struct CUstream_st;  // cudaStream_t without the CUDA headers
+
 namespace gdn {
+
+enum class Memory { host, device };
 
 class Communicator {
  public:
@@ -36,6 +45,13 @@ class Communicator {
   // as its all-gather equivalent: count * 4 bytes to each other rank.
   virtual void all_reduce_sum(float* data, std::size_t count) = 0;
   virtual void barrier() = 0;
+
+  // Where every call's buffers live, and for device communicators the stream that orders them.
+  virtual Memory memory() const { return Memory::host; }
+  virtual CUstream_st* stream() const { return nullptr; }
+  // Waits until every call made so far has completed; throws gdn::Error if one failed or timed
+  // out. Host communicators have nothing to wait for.
+  virtual void synchronize() {}
 
   std::size_t bytes_sent() const { return bytes_sent_; }  // to other ranks, since construction
 
