@@ -1,211 +1,40 @@
-// The in-process communicator: one thread per rank, all sharing a hub of mailboxes. send copies
-// the message into the (from, to) mailbox and returns; recv waits for the mailbox's oldest message.
-// A rank that throws marks the hub failed, which wakes every waiting rank with an error instead of
-// leaving it to hang until its timeout.
+// The in-process communicator on host memory (comm/hub.h): a message is a copy of the bytes.
 
-#include <fmt/format.h>
-
-#include <algorithm>
-#include <condition_variable>
 #include <cstring>
-#include <deque>
-#include <exception>
-#include <mutex>
-#include <string>
-#include <thread>
-#include <vector>
 
-#include "gdn/communicator.h"
-#include "gdn/error.h"
+#include "comm/hub.h"
 
 namespace gdn {
 namespace {
 
-using Message = std::vector<std::byte>;
-using Clock = std::chrono::steady_clock;
-
-std::string message_of(const std::exception_ptr& error) {
-  try {
-    std::rethrow_exception(error);
-  } catch (const std::exception& e) {
-    return e.what();
-  } catch (...) {
-    return "unknown exception";
-  }
-}
-
-struct Hub {
-  Hub(int ranks, Timeout t) : size(ranks), timeout(t), mailboxes(ranks * ranks), returned(ranks) {}
-
-  std::deque<Message>& mailbox(int from, int to) { return mailboxes[from * size + to]; }
-
-  // Waits until ready() under `lock`; throws if a rank failed first or the timeout passes.
-  template <class Ready>
-  void wait(std::unique_lock<std::mutex>& lock, int rank, const std::string& what, Ready ready) {
-    const bool woken = cv.wait_until(lock, Clock::now() + timeout,
-                                     [&] { return ready() || first_error != nullptr; });
-    if (ready()) return;
-    if (woken)
-      throw Error(fmt::format("rank {}: {} aborted: peer rank {} failed: {}", rank, what,
-                              failed_rank, failure));
-    throw Error(fmt::format("rank {}: {} timed out after {} ms", rank, what, timeout.count()));
-  }
-
-  // Records how rank r's fn ended; only the first error counts, later ones are its consequences.
-  void finish(int r, const std::exception_ptr& error) {
-    std::lock_guard lock(mutex);
-    if (!error) returned[r] = true;
-    if (error && !first_error) {
-      first_error = error;
-      failed_rank = r;
-      failure = message_of(error);
-    }
-    cv.notify_all();
-  }
-
-  const int size;
-  const Timeout timeout;
-  std::mutex mutex;
-  std::condition_variable cv;
-  std::vector<std::deque<Message>> mailboxes;  // [from * size + to], oldest first
-  std::vector<bool> returned;                  // [rank]: its fn returned; it will send no more
-  std::size_t barrier_arrived = 0;
-  std::size_t barrier_generation = 0;
-  std::exception_ptr first_error;
-  int failed_rank = -1;
-  std::string failure;
-};
-
-class InProcess final : public Communicator {
+class HostTransport final : public comm::Transport {
  public:
-  InProcess(Hub& hub, int rank) : hub_(hub), rank_(rank) {}
-
-  int rank() const override { return rank_; }
-  int size() const override { return hub_.size; }
-
-  void send(const void* data, std::size_t bytes, int peer) override {
-    check_peer(peer);
-    const auto* p = static_cast<const std::byte*>(data);
-    Message message(p, p + bytes);
-    if (peer != rank_) bytes_sent_ += bytes;
-    std::lock_guard lock(hub_.mutex);
-    hub_.mailbox(rank_, peer).push_back(std::move(message));
-    hub_.cv.notify_all();
+  comm::Message put(const void* data, std::size_t bytes) override {
+    auto copy = std::make_shared<std::vector<std::byte>>(bytes);
+    if (data && bytes) std::memcpy(copy->data(), data, bytes);
+    return {copy->data(), bytes, copy};
   }
-
-  void recv(void* data, std::size_t bytes, int peer) override {
-    check_peer(peer);
-    const std::string what = fmt::format("recv of {} bytes from rank {}", bytes, peer);
-    std::unique_lock lock(hub_.mutex);
-    auto& box = hub_.mailbox(peer, rank_);
-    // A peer that has returned will never send: fail now rather than at the timeout.
-    hub_.wait(lock, rank_, what, [&] { return !box.empty() || hub_.returned[peer]; });
-    if (box.empty())
-      throw Error(
-          fmt::format("rank {}: {} failed: rank {} returned without sending", rank_, what, peer));
-    Message message = std::move(box.front());
-    box.pop_front();
-    if (message.size() != bytes)
-      throw Error(fmt::format("rank {}: recv from rank {} expected {} bytes, got {}", rank_, peer,
-                              bytes, message.size()));
-    if (bytes) std::memcpy(data, message.data(), bytes);
+  void take(comm::Message& message, void* data) override {
+    std::memcpy(data, message.data, message.bytes);
   }
-
-  // send never blocks here, so sending first cannot deadlock.
-  void send_recv(const void* send_data, std::size_t send_bytes, int to, void* recv_data,
-                 std::size_t recv_bytes, int from) override {
-    send(send_data, send_bytes, to);
-    recv(recv_data, recv_bytes, from);
-  }
-
-  void all_gather(const void* send_data, void* recv_data, std::size_t bytes) override {
-    for (int r = 0; r < size(); ++r) send(send_data, bytes, r);
-    auto* out = static_cast<std::byte*>(recv_data);
-    for (int r = 0; r < size(); ++r) recv(out + r * bytes, bytes, r);
-  }
-
-  void all_to_all(const void* send_data, const std::vector<std::size_t>& send_bytes,
-                  void* recv_data, const std::vector<std::size_t>& recv_bytes) override {
-    check_counts(send_bytes, "send_bytes");
-    check_counts(recv_bytes, "recv_bytes");
-    const auto* in = static_cast<const std::byte*>(send_data);
-    for (int r = 0; r < size(); ++r) {
-      send(in, send_bytes[r], r);
-      in += send_bytes[r];
-    }
-    auto* out = static_cast<std::byte*>(recv_data);
-    for (int r = 0; r < size(); ++r) {
-      recv(out, recv_bytes[r], r);
-      out += recv_bytes[r];
-    }
-  }
-
-  // An all-gather, then every rank sums the blocks in rank order: the same bits everywhere.
-  void all_reduce_sum(float* data, std::size_t count) override {
-    std::vector<float> blocks(count * static_cast<std::size_t>(size()));
-    all_gather(data, blocks.data(), count * sizeof(float));
+  void sum_blocks(const float* blocks, int ranks, std::size_t count, float* out) override {
     for (std::size_t i = 0; i < count; ++i) {
       float sum = 0;
-      for (int r = 0; r < size(); ++r) sum += blocks[static_cast<std::size_t>(r) * count + i];
-      data[i] = sum;
+      for (int r = 0; r < ranks; ++r) sum += blocks[static_cast<std::size_t>(r) * count + i];
+      out[i] = sum;
     }
   }
-
-  void barrier() override {
-    std::unique_lock lock(hub_.mutex);
-    const std::size_t generation = hub_.barrier_generation;
-    if (++hub_.barrier_arrived == static_cast<std::size_t>(size())) {
-      hub_.barrier_arrived = 0;
-      ++hub_.barrier_generation;
-      hub_.cv.notify_all();
-      return;
-    }
-    const auto& returned = hub_.returned;
-    const auto gone = [&] { return std::find(returned.begin(), returned.end(), true); };
-    hub_.wait(lock, rank_, "barrier",
-              [&] { return hub_.barrier_generation != generation || gone() != returned.end(); });
-    if (hub_.barrier_generation == generation)
-      throw Error(fmt::format("rank {}: barrier failed: rank {} returned without entering it",
-                              rank_, gone() - returned.begin()));
-  }
-
- private:
-  void check_peer(int peer) const {
-    if (peer < 0 || peer >= size())
-      throw Error(fmt::format("rank {}: peer {} is out of range [0, {})", rank_, peer, size()));
-  }
-
-  void check_counts(const std::vector<std::size_t>& counts, const char* name) const {
-    if (counts.size() != static_cast<std::size_t>(size()))
-      throw Error(fmt::format("rank {}: all_to_all {} must hold {} counts (one per rank), got {}",
-                              rank_, name, size(), counts.size()));
-  }
-
-  Hub& hub_;
-  const int rank_;
+  Memory memory() const override { return Memory::host; }
+  CUstream_st* stream() const override { return nullptr; }
+  void synchronize() override {}
 };
 
 }  // namespace
 
 void run_in_process(int ranks, const std::function<void(Communicator&)>& fn, Timeout timeout) {
   if (ranks < 1) throw Error(fmt::format("run_in_process: ranks must be >= 1, got {}", ranks));
-  Hub hub(ranks, timeout);
-  std::vector<std::thread> threads;
-  threads.reserve(ranks);
-  for (int r = 0; r < ranks; ++r) {
-    threads.emplace_back([&hub, &fn, r] {
-      std::exception_ptr error;
-      try {
-        InProcess comm(hub, r);
-        fn(comm);
-      } catch (...) {
-        error = std::current_exception();
-      }
-      hub.finish(r, error);
-    });
-  }
-  for (auto& t : threads) t.join();
-  if (hub.first_error) std::rethrow_exception(hub.first_error);
+  comm::run_ranks(
+      ranks, timeout, [](int) { return std::make_unique<HostTransport>(); }, fn);
 }
 
 }  // namespace gdn

@@ -5,6 +5,7 @@
 
 #include "cuda/check.h"
 #include "cuda/kernels.h"
+#include "cuda/stages.h"
 #include "gdn/cuda.h"
 #include "gdn/error.h"
 #include "validate.h"
@@ -115,7 +116,7 @@ struct Carver {
 // and only its own buffers from `workspace` (the kernels that write them are then not launched).
 std::size_t plan(const DeltaRuleInputs& in, const DeltaRuleShape& s, ChunkCount chunks,
                  bool backward, void* workspace, const void* forward_workspace, bool reuse,
-                 bool saved, cuda::Params& p) {
+                 bool saved, const cuda::Carried& carried, cuda::Params& p) {
   const std::int64_t NC = chunks.total;
   p = cuda::Params{};
   p.B = static_cast<int>(s.B);
@@ -136,6 +137,11 @@ std::size_t plan(const DeltaRuleInputs& in, const DeltaRuleShape& s, ChunkCount 
   p.h0 = static_cast<const float*>(in.initial_state.data);
   p.cu_seqlens = in.cu_seqlens.data;
   p.cu_seqlens_i64 = in.cu_seqlens.dtype == DType::i64;
+  p.enters = carried.enters;
+  p.leaves = carried.leaves;
+  p.map_M = carried.map_M;
+  p.map_N = carried.map_N;
+  const bool summaries = p.seg_count > 1 || p.enters || p.leaves;
 
   // const_cast: with reuse, nothing writes the forward's part.
   Carver c{reuse ? const_cast<char*>(static_cast<const char*>(forward_workspace))
@@ -155,7 +161,7 @@ std::size_t plan(const DeltaRuleInputs& in, const DeltaRuleShape& s, ChunkCount 
   p.A = c.take<bf16>(slots * kC * kC);
   p.P = c.take<bf16>(slots * kC * kC);
   const std::int64_t matrices = s.N * p.seg_count * s.HV * kD * kD;
-  if (p.seg_count > 1) {
+  if (summaries) {
     p.seg_local = c.take<float>(matrices);
     p.seg_transfer = c.take<float>(matrices);
     p.seg_state = c.take<float>(matrices);
@@ -166,7 +172,7 @@ std::size_t plan(const DeltaRuleInputs& in, const DeltaRuleShape& s, ChunkCount 
   }
   if (!backward) return c.used;
   Carver b{static_cast<char*>(workspace), reuse ? 0 : c.used};
-  if (p.seg_count > 1) {
+  if (summaries) {
     p.seg_dlocal = b.take<float>(matrices);
     p.seg_dstate = b.take<float>(matrices);
   }
@@ -189,86 +195,36 @@ void check_workspace(const char* name, const void* workspace, std::size_t bytes,
     throw Error(std::string(name) + " must be 256-byte aligned");
 }
 
-// The state entering every segment (state_pass.cuh), from the summaries and their composition.
-template <typename In>
-void segment_states(const cuda::Params& p, cudaStream_t stream) {
-  if (p.seg_count == 1) return;
-  cuda::launch_state_forward<In, cuda::Pass::summary>(p, stream);
-  cuda::launch_combine(p, false, stream);
-}
-
-template <typename In>
-void run_forward(const cuda::Params& p, bool save, cudaStream_t stream) {
-  cuda::launch_chunk_table(p, stream);
-  cuda::launch_chunk_prep<In>(p, stream);
-  segment_states<In>(p, stream);
-  if (save)
-    cuda::launch_state_forward<In, cuda::Pass::save>(p, stream);
-  else
-    cuda::launch_state_forward<In, cuda::Pass::output>(p, stream);
-}
-
-// reuse: the forward's intermediates are in its workspace; saved: h and Vn too.
-template <typename In>
-void run_backward(const cuda::Params& p, bool reuse, bool saved, cudaStream_t stream) {
-  if (!reuse) {
-    cuda::launch_chunk_table(p, stream);
-    cuda::launch_chunk_prep<In>(p, stream);
-    segment_states<In>(p, stream);
-  }
-  if (!saved) cuda::launch_state_forward<In, cuda::Pass::recompute>(p, stream);  // h, Vn
-  if (p.seg_count > 1) {  // the state gradient leaving every segment
-    cuda::launch_state_backward<In, true>(p, stream);
-    cuda::launch_combine(p, true, stream);
-  }
-  cuda::launch_state_backward<In, false>(p, stream);
-  cuda::launch_grad_chunk<In>(p, stream);
-}
-
-}  // namespace
-
-std::size_t delta_rule_forward_cuda_workspace(const DeltaRuleInputs& in,
-                                              const TensorRef& cu_seqlens_host,
-                                              bool save_for_backward) {
-  const DeltaRuleShape s = check_inputs(in, cu_seqlens_host);
+// One call's checked shapes and filled params; empty when there is nothing to compute.
+struct Call {
   cuda::Params p;
-  return plan(in, s, count_chunks(in, s, cu_seqlens_host), false, nullptr, nullptr, false,
-              save_for_backward, p);
-}
+  cudaStream_t stream;
+  bool bf16, empty;
+  bool reuse = false, saved = false;  // backward: reads the forward's workspace (and its h, Vn)
+};
 
-std::size_t delta_rule_backward_cuda_workspace(const DeltaRuleInputs& in,
-                                               const TensorRef& cu_seqlens_host, bool reuse_forward,
-                                               bool save_for_backward) {
-  const DeltaRuleShape s = check_inputs(in, cu_seqlens_host);
-  cuda::Params p;
-  return plan(in, s, count_chunks(in, s, cu_seqlens_host), true, nullptr, nullptr, reuse_forward,
-              reuse_forward && save_for_backward, p);
-}
-
-void delta_rule_forward_cuda(const DeltaRuleInputs& in, const DeltaRuleOutputs& out,
-                             const CudaContext& ctx) {
+Call forward_call(const DeltaRuleInputs& in, const DeltaRuleOutputs& out, const CudaContext& ctx,
+                  const cuda::Carried& carried) {
   const DeltaRuleShape s = check_inputs(in, ctx.cu_seqlens_host);
   validate_outputs(s, out);
   require_dtype("o", out.o, in.q.dtype);
   require_dtype("final_state", out.final_state, DType::f32);
   const ChunkCount chunks = count_chunks(in, s, ctx.cu_seqlens_host);
-  cuda::Params p;
+  Call call{{},
+            reinterpret_cast<cudaStream_t>(ctx.stream),
+            in.q.dtype == DType::bf16,
+            s.T == 0 || chunks.total == 0};
   // Carving only computes pointers: nothing is read or written before the check.
-  check_workspace(
-      "workspace", ctx.workspace, ctx.workspace_bytes,
-      plan(in, s, chunks, false, ctx.workspace, nullptr, false, ctx.save_for_backward, p));
-  p.o = out.o.data;
-  p.ht = static_cast<float*>(out.final_state.data);
-  if (s.T == 0 || chunks.total == 0) return;
-  auto stream = reinterpret_cast<cudaStream_t>(ctx.stream);
-  if (in.q.dtype == DType::bf16)
-    run_forward<bf16>(p, ctx.save_for_backward, stream);
-  else
-    run_forward<__half>(p, ctx.save_for_backward, stream);
+  check_workspace("workspace", ctx.workspace, ctx.workspace_bytes,
+                  plan(in, s, chunks, false, ctx.workspace, nullptr, false, ctx.save_for_backward,
+                       carried, call.p));
+  call.p.o = out.o.data;
+  call.p.ht = static_cast<float*>(out.final_state.data);
+  return call;
 }
 
-void delta_rule_backward_cuda(const DeltaRuleInputs& in, const DeltaRuleGrads& gr,
-                              const CudaContext& ctx) {
+Call backward_call(const DeltaRuleInputs& in, const DeltaRuleGrads& gr, const CudaContext& ctx,
+                   const cuda::Carried& carried) {
   const DeltaRuleShape s = check_inputs(in, ctx.cu_seqlens_host);
   validate_grads(in, s, gr);
   require_dtype("d_o", gr.d_o, in.q.dtype);
@@ -280,21 +236,27 @@ void delta_rule_backward_cuda(const DeltaRuleInputs& in, const DeltaRuleGrads& g
   require_dtype("dbeta", gr.dbeta, in.beta.dtype);
   require_dtype("dh0", gr.dh0, DType::f32);
   const ChunkCount chunks = count_chunks(in, s, ctx.cu_seqlens_host);
-  cuda::Params p;
-  const bool reuse = ctx.forward_workspace != nullptr;
-  const bool saved = reuse && ctx.save_for_backward;
-  if (ctx.save_for_backward && !reuse)
+  Call call{{},
+            reinterpret_cast<cudaStream_t>(ctx.stream),
+            in.q.dtype == DType::bf16,
+            s.T == 0 || chunks.total == 0};
+  call.reuse = ctx.forward_workspace != nullptr;
+  call.saved = call.reuse && ctx.save_for_backward;
+  if (ctx.save_for_backward && !call.reuse)
     throw Error("save_for_backward on a backward needs forward_workspace (the saving forward's)");
-  if (reuse) {
-    check_workspace("forward_workspace", ctx.forward_workspace, ctx.forward_workspace_bytes,
-                    plan(in, s, chunks, false, nullptr, nullptr, false, saved, p));
+  if (call.reuse) {
+    check_workspace(
+        "forward_workspace", ctx.forward_workspace, ctx.forward_workspace_bytes,
+        plan(in, s, chunks, false, nullptr, nullptr, false, call.saved, carried, call.p));
     if (ctx.workspace == ctx.forward_workspace)
       throw Error(
           "workspace must be another buffer than forward_workspace, whose content the "
           "backward reads");
   }
   check_workspace("workspace", ctx.workspace, ctx.workspace_bytes,
-                  plan(in, s, chunks, true, ctx.workspace, ctx.forward_workspace, reuse, saved, p));
+                  plan(in, s, chunks, true, ctx.workspace, ctx.forward_workspace, call.reuse,
+                       call.saved, carried, call.p));
+  cuda::Params& p = call.p;
   p.d_o = gr.d_o.data;
   p.dht = static_cast<const float*>(gr.d_final_state.data);
   p.dq = gr.dq.data;
@@ -303,12 +265,145 @@ void delta_rule_backward_cuda(const DeltaRuleInputs& in, const DeltaRuleGrads& g
   p.dg = static_cast<float*>(gr.dg.data);
   p.dbeta = gr.dbeta.data;
   p.dh0 = static_cast<float*>(gr.dh0.data);
-  if (s.T == 0 || chunks.total == 0) return;
-  auto stream = reinterpret_cast<cudaStream_t>(ctx.stream);
-  if (in.q.dtype == DType::bf16)
-    run_backward<bf16>(p, reuse, saved, stream);
+  return call;
+}
+
+bool has_summaries(const cuda::Params& p) {
+  return p.seg_count > 1 || p.enters || p.leaves;
+}
+
+// The stages, by input dtype.
+template <typename In>
+void summarize_forward(const Call& c) {
+  cuda::launch_chunk_table(c.p, c.stream);
+  cuda::launch_chunk_prep<In>(c.p, c.stream);
+  if (has_summaries(c.p)) cuda::launch_state_forward<In, cuda::Pass::summary>(c.p, c.stream);
+}
+
+template <typename In>
+void finish_forward(const Call& c, bool save) {
+  if (has_summaries(c.p)) cuda::launch_fold(c.p, cuda::Fold::states, c.stream);
+  if (save)
+    cuda::launch_state_forward<In, cuda::Pass::save>(c.p, c.stream);
   else
-    run_backward<__half>(p, reuse, saved, stream);
+    cuda::launch_state_forward<In, cuda::Pass::output>(c.p, c.stream);
+}
+
+template <typename In>
+void summarize_backward(const Call& c) {
+  if (!c.reuse) {
+    summarize_forward<In>(c);
+    if (has_summaries(c.p)) cuda::launch_fold(c.p, cuda::Fold::states, c.stream);
+  }
+  if (!c.saved) cuda::launch_state_forward<In, cuda::Pass::recompute>(c.p, c.stream);  // h, Vn
+  if (c.p.seg_count > 1 || c.p.enters)  // the gradient offsets D_k
+    cuda::launch_state_backward<In, true>(c.p, c.stream);
+}
+
+template <typename In>
+void finish_backward(const Call& c) {
+  if (has_summaries(c.p)) cuda::launch_fold(c.p, cuda::Fold::grad_states, c.stream);
+  cuda::launch_state_backward<In, false>(c.p, c.stream);
+  cuda::launch_grad_chunk<In>(c.p, c.stream);
+}
+
+template <typename Fn>
+void by_dtype(const Call& c, Fn fn) {
+  if (c.empty) return;
+  if (c.bf16)
+    fn(bf16{});
+  else
+    fn(__half{});
+}
+
+}  // namespace
+
+namespace cuda {
+
+std::size_t forward_workspace_bytes(const DeltaRuleInputs& in, const TensorRef& cu_seqlens_host,
+                                    bool save, const Carried& carried) {
+  const DeltaRuleShape s = check_inputs(in, cu_seqlens_host);
+  Params p;
+  return plan(in, s, count_chunks(in, s, cu_seqlens_host), false, nullptr, nullptr, false, save,
+              carried, p);
+}
+
+std::size_t backward_workspace_bytes(const DeltaRuleInputs& in, const TensorRef& cu_seqlens_host,
+                                     bool reuse, bool save, const Carried& carried) {
+  const DeltaRuleShape s = check_inputs(in, cu_seqlens_host);
+  Params p;
+  return plan(in, s, count_chunks(in, s, cu_seqlens_host), true, nullptr, nullptr, reuse,
+              reuse && save, carried, p);
+}
+
+void forward_summaries(const DeltaRuleInputs& in, const DeltaRuleOutputs& out,
+                       const CudaContext& ctx, const Carried& carried) {
+  const Call c = forward_call(in, out, ctx, carried);
+  by_dtype(c, [&](auto t) { summarize_forward<decltype(t)>(c); });
+}
+
+void forward_maps(const DeltaRuleInputs& in, const DeltaRuleOutputs& out, const CudaContext& ctx,
+                  const Carried& carried) {
+  const Call c = forward_call(in, out, ctx, carried);
+  if (c.empty) return;
+  launch_fold(c.p, Fold::map_offset, c.stream);
+  launch_fold(c.p, Fold::map_transfer, c.stream);
+}
+
+void forward_output(const DeltaRuleInputs& in, const DeltaRuleOutputs& out, const CudaContext& ctx,
+                    const Carried& carried) {
+  const Call c = forward_call(in, out, ctx, carried);
+  by_dtype(c, [&](auto t) { finish_forward<decltype(t)>(c, ctx.save_for_backward); });
+}
+
+void backward_summaries(const DeltaRuleInputs& in, const DeltaRuleGrads& grads,
+                        const CudaContext& ctx, const Carried& carried) {
+  const Call c = backward_call(in, grads, ctx, carried);
+  by_dtype(c, [&](auto t) { summarize_backward<decltype(t)>(c); });
+}
+
+void backward_map(const DeltaRuleInputs& in, const DeltaRuleGrads& grads, const CudaContext& ctx,
+                  const Carried& carried) {
+  const Call c = backward_call(in, grads, ctx, carried);
+  if (!c.empty) launch_fold(c.p, Fold::grad_offset, c.stream);
+}
+
+void backward_output(const DeltaRuleInputs& in, const DeltaRuleGrads& grads, const CudaContext& ctx,
+                     const Carried& carried) {
+  const Call c = backward_call(in, grads, ctx, carried);
+  by_dtype(c, [&](auto t) { finish_backward<decltype(t)>(c); });
+}
+
+}  // namespace cuda
+
+std::size_t delta_rule_forward_cuda_workspace(const DeltaRuleInputs& in,
+                                              const TensorRef& cu_seqlens_host,
+                                              bool save_for_backward) {
+  return cuda::forward_workspace_bytes(in, cu_seqlens_host, save_for_backward, {});
+}
+
+std::size_t delta_rule_backward_cuda_workspace(const DeltaRuleInputs& in,
+                                               const TensorRef& cu_seqlens_host, bool reuse_forward,
+                                               bool save_for_backward) {
+  return cuda::backward_workspace_bytes(in, cu_seqlens_host, reuse_forward, save_for_backward, {});
+}
+
+void delta_rule_forward_cuda(const DeltaRuleInputs& in, const DeltaRuleOutputs& out,
+                             const CudaContext& ctx) {
+  const Call c = forward_call(in, out, ctx, {});
+  by_dtype(c, [&](auto t) {
+    summarize_forward<decltype(t)>(c);
+    finish_forward<decltype(t)>(c, ctx.save_for_backward);
+  });
+}
+
+void delta_rule_backward_cuda(const DeltaRuleInputs& in, const DeltaRuleGrads& grads,
+                              const CudaContext& ctx) {
+  const Call c = backward_call(in, grads, ctx, {});
+  by_dtype(c, [&](auto t) {
+    summarize_backward<decltype(t)>(c);
+    finish_backward<decltype(t)>(c);
+  });
 }
 
 }  // namespace gdn

@@ -2,14 +2,17 @@
 // Launchers of the delta-rule kernels, in the order the forward and backward run them.
 // In = bf16 or __half is the dtype of q, k, v, o and their gradients.
 //
-// forward:  chunk_table, chunk_prep, [state_forward<summary>, combine],
+// forward:  chunk_table, chunk_prep, [state_forward<summary>, fold<states>],
 //           state_forward<output or save>
-// backward: {chunk_table, chunk_prep, [state_forward<summary>, combine]},
+// backward: {chunk_table, chunk_prep, [state_forward<summary>, fold<states>]},
 //           (state_forward<recompute>),
-//           [state_backward<summary>, combine<reverse>], state_backward, grad_chunk
-// (the bracketed launches only when sequences are cut into segments, seg_count > 1; the braced
-// ones not when the backward reads the forward's workspace, the parenthesized one not when that
-// forward ran Pass::save).
+//           [state_backward<summary>, fold<grad_states>], state_backward, grad_chunk
+// (the bracketed launches only when sequences are cut into segments, seg_count > 1, or carry
+// states across ranks; the braced ones not when the backward reads the forward's workspace, the
+// parenthesized one not when that forward ran Pass::save). Under context parallelism
+// (cuda/context_parallel.cu) the forward stops after its summaries for the rank's map
+// (fold<map_offset, map_transfer>) and goes on once the carried state is in h0; the backward
+// likewise with fold<grad_offset> and dht.
 
 #include <cuda_runtime.h>
 
@@ -36,9 +39,14 @@ void launch_state_forward(const Params& p, cudaStream_t stream);
 // gradient entering each segment from a zero gradient at its end.
 template <typename In, bool kSummary>
 void launch_state_backward(const Params& p, cudaStream_t stream);
-// Composes the segment summaries: the state entering each segment (forward), or the state
-// gradient leaving each segment (reverse).
-void launch_combine(const Params& p, bool reverse, cudaStream_t stream);
+// Composes the segment summaries (fold.cu says what each fold computes).
+enum class Fold { states, grad_states, map_offset, map_transfer, grad_offset };
+void launch_fold(const Params& p, Fold fold, cudaStream_t stream);
+// Y_i = op(M_i) X_i + C_i for i < count (op(M) = M or M^T, C optional; Y may be X or C), and
+// M_i <- M_i^T: 128 x 128 f32 matrices, consecutive.
+void launch_affine(int count, const float* M, bool transpose, const float* X, const float* C,
+                   float* Y, cudaStream_t stream);
+void launch_transpose(int count, float* M, cudaStream_t stream);
 // Per (chunk, key head), looping over its value heads: dv, dg, dbeta per value head; dq, dk
 // summed over the group and back through the l2norm.
 template <typename In>

@@ -63,6 +63,15 @@ struct Params {
   float* seg_state;     // the state entering segment k (k >= 1)
   float* seg_dstate;    // the state gradient leaving segment k (k < last; backward only)
 
+  // Context parallelism (cuda/context_parallel.cu): whether this rank's sequences enter with a
+  // state carried from the previous rank (its h0 row) and leave theirs to the next (its ht row,
+  // or the dht row of the backward): every sequence without cu_seqlens, else the first (enters)
+  // and the last (leaves). The rank's maps, per chain c = (cu_seqlens ? 0 : n):
+  //   forward:  S_leaving = M S_entering + N;  backward: dS_entering = M^T dS_leaving + G (in N).
+  bool enters, leaves;
+  float* map_M;  // [chains, HV, K, K]
+  float* map_N;  // [chains, HV, K, V]
+
   // Forward outputs.
   void* o;    // [B, T, HV, V]  In, optional (the backward's recompute skips it)
   float* ht;  // [N, HV, K, V]  optional
@@ -89,6 +98,17 @@ __device__ inline long long v_row(const Params& p, int b, int t, int hv) {
 }
 __device__ inline long long slot(const Params& p, int cid, int hv) {
   return static_cast<long long>(cid) * p.HV + hv;
+}
+
+// Whether sequence n enters with a carried state, or leaves one, and its chain.
+__device__ inline bool enters(const Params& p, int n) {
+  return p.enters && (p.cu_seqlens == nullptr || n == 0);
+}
+__device__ inline bool leaves(const Params& p, int n) {
+  return p.leaves && (p.cu_seqlens == nullptr || n == p.N - 1);
+}
+__device__ inline int chain(const Params& p, int n) {
+  return p.cu_seqlens ? 0 : n;
 }
 
 }  // namespace gdn::cuda

@@ -4,9 +4,10 @@
 //   dh[c] = dS,  dVn = P^T dO + diag(f) K dS,
 //   dS_in = gamma dS + Q^T diag(scale e) dO - W^T dVn,
 // computed transposed: dVn^T = dO^T P + dS^T K^T diag(f), W^T-term = ((dVn^T A) diag(beta e)) K.
-// As a summary (kSummary) it runs segment k >= 1 and stores only the gradient entering it: from
-// dS_T for the last segment (that is the gradient leaving segment last - 1), from zero for the
-// others (D_k, with dS_start = M_k^T dS_end + D_k; combine.cu composes them).
+// As a summary (kSummary) it runs the segments of state_pass::has_grad_offset and stores only
+// the gradient entering them: from dS_T for the last segment (that is the gradient leaving
+// segment last - 1, unless the last is also the first), from zero for the others (D_k, with
+// dS_start = M_k^T dS_end + D_k, in seg_dlocal; fold.cu composes them).
 #include "cuda/check.h"
 #include "cuda/kernels.h"
 #include "cuda/state_pass.cuh"
@@ -21,7 +22,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_backward_kernel(Params p) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int hv = blockIdx.y, vw = 16 * warp;
   const Segment seg = segment(p, blockIdx.z);
-  if (seg.chunks <= 0 || (kSummary && seg.is_first)) return;
+  if (seg.chunks <= 0 || (kSummary && !has_grad_offset(p, seg))) return;
   const int first = seg.first, chunks = seg.chunks;
   const int c = 2 * (lane % 4);
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -119,8 +120,8 @@ __global__ void __launch_bounds__(kThreads, 1) state_backward_kernel(Params p) {
     release(pipe, step);
   }
   if (kSummary)
-    store_state(segment_matrix(seg.is_last ? p.seg_dstate : p.seg_dlocal, p,
-                               seg.is_last ? blockIdx.z - 1 : blockIdx.z, hv),
+    store_state(seg.is_last && !seg.is_first ? segment_matrix(p.seg_dstate, p, blockIdx.z - 1, hv)
+                                             : segment_matrix(p.seg_dlocal, p, blockIdx.z, hv),
                 vw, dS);
   else if (p.dh0 && seg.is_first)
     store_state(sequence_matrix(p.dh0, p, seg.n, hv), vw, dS);

@@ -5,10 +5,11 @@
 // each computed transposed (S^T is what a warp holds): (K S)^T = S^T K^T, Vn^T = X^T A^T, ...
 // Pass::output writes o, Pass::recompute (for the backward) h = S^T and Vn, Pass::save all three.
 // Pass::summary runs
-// segment k < last of each sequence and stores only its end state: in block x = 0, from h0 for
-// k = 0 (that is the state entering segment 1) and from zero for k >= 1 (N_k); in block x = 1,
-// for 1 <= k < last, the transfer matrix M_k (started from the identity with V = 0, column j of
-// M being the image of e_j). combine.cu composes the rest.
+// the segments of state_pass::has_offset / has_transfer and stores only their end state: in
+// block x = 0, from h0 for k = 0 (that is the state entering segment 1, unless k = 0 is also the
+// last) and from zero for k >= 1 (N_k, in seg_local); in block x = 1 the transfer matrix M_k
+// (started from the identity with V = 0, column j of M being the image of e_j). fold.cu composes
+// them.
 #include "cuda/check.h"
 #include "cuda/kernels.h"
 #include "cuda/state_pass.cuh"
@@ -27,7 +28,8 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
   const int hv = blockIdx.y, vw = 16 * warp;
   const Segment seg = segment(p, blockIdx.z);
   const bool transfer = kSummary && blockIdx.x == 1;
-  if (seg.chunks <= 0 || (kSummary && (seg.is_last || (transfer && seg.is_first)))) return;
+  if (seg.chunks <= 0) return;
+  if (kSummary && !(transfer ? has_transfer(p, seg) : has_offset(p, seg))) return;
   const int first = seg.first, chunks = seg.chunks;
   const int c = 2 * (lane % 4);  // this lane's first column within an 8-column tile
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -146,9 +148,9 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
     release(pipe, i);
   }
   if (kSummary)
-    store_state(transfer       ? segment_matrix(p.seg_transfer, p, blockIdx.z, hv)
-                : seg.is_first ? segment_matrix(p.seg_state, p, blockIdx.z + 1, hv)
-                               : segment_matrix(p.seg_local, p, blockIdx.z, hv),
+    store_state(transfer                       ? segment_matrix(p.seg_transfer, p, blockIdx.z, hv)
+                : seg.is_first && !seg.is_last ? segment_matrix(p.seg_state, p, blockIdx.z + 1, hv)
+                                               : segment_matrix(p.seg_local, p, blockIdx.z, hv),
                 vw, S);
   else if (p.ht && seg.is_last)
     store_state(sequence_matrix(p.ht, p, seg.n, hv), vw, S);

@@ -12,7 +12,7 @@
 // A sequence's chunks are cut into p.seg_count segments of p.seg_len chunks (delta_rule.cu picks
 // the count so that the blocks fill the GPU). The segments run in parallel from states that the
 // affine summaries of spec 4 provide: per segment, the local state from zero and the K x K transfer
-// matrix (state_forward's summary mode), composed serially by combine.cu.
+// matrix (state_forward's summary mode), composed serially by fold.cu.
 #include "cuda/params.cuh"
 #include "cuda/wgmma.cuh"
 
@@ -56,6 +56,21 @@ __device__ inline Segment segment(const Params& p, int z) {
   const int n = z / p.seg_count, k = z % p.seg_count, begin = p.chunk_begin[n] + k * p.seg_len;
   const int end = min(p.chunk_begin[n + 1], begin + p.seg_len);
   return {n, k, begin, end - begin, k == 0, end == p.chunk_begin[n + 1]};
+}
+// Which segments the summary passes run (spec 4). Forward: the offset N_k of every segment but
+// the last, and of the last too when its sequence leaves to the next rank; the transfer M_k of
+// the middle segments, of the first when its sequence enters from the previous rank, of the last
+// when it leaves. Backward: the offset D_k of every segment but the first, and of the first too
+// when its sequence enters.
+__device__ inline bool has_offset(const Params& p, const Segment& seg) {
+  return !seg.is_last || leaves(p, seg.n);
+}
+__device__ inline bool has_transfer(const Params& p, const Segment& seg) {
+  return (!seg.is_first && !seg.is_last) || (seg.is_first && enters(p, seg.n)) ||
+         (seg.is_last && leaves(p, seg.n));
+}
+__device__ inline bool has_grad_offset(const Params& p, const Segment& seg) {
+  return !seg.is_first || enters(p, seg.n);
 }
 // The [K][V] f32 matrix of (sequence n, value head hv) in an optional per-sequence tensor
 // (h0, the final state and their gradients), null when the tensor is not given.

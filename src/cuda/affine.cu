@@ -1,0 +1,50 @@
+// Batches of affine maps (spec 4) for context parallelism (cp/backend.h): apply and compose are
+// one affine.cuh step per map, a block per (map, 16 columns); transpose swaps M in place.
+#include "cuda/affine.cuh"
+#include "cuda/check.h"
+#include "cuda/kernels.h"
+
+namespace gdn::cuda {
+namespace {
+
+constexpr long long kMatrix = kD * kD;
+
+__global__ void __launch_bounds__(affine::kThreads)
+    affine_kernel(const float* M, bool transpose, const float* X, const float* C, float* Y) {
+  const long long i = blockIdx.x;
+  const int j0 = blockIdx.y * affine::kSlice;
+  __shared__ affine::Slice slice;
+  affine::load(slice, X + i * kMatrix, j0);
+  affine::step(slice, M + i * kMatrix, transpose, C ? C + i * kMatrix : nullptr, Y + i * kMatrix,
+               j0);
+}
+
+__global__ void transpose_kernel(float* M) {
+  float* m = M + blockIdx.x * kMatrix;
+  for (int idx = threadIdx.x; idx < kD * kD; idx += blockDim.x) {
+    const int i = idx / kD, j = idx % kD;
+    if (i < j) {
+      const float x = m[i * kD + j];
+      m[i * kD + j] = m[j * kD + i];
+      m[j * kD + i] = x;
+    }
+  }
+}
+
+}  // namespace
+
+void launch_affine(int count, const float* M, bool transpose, const float* X, const float* C,
+                   float* Y, cudaStream_t stream) {
+  if (count == 0) return;
+  affine_kernel<<<dim3(count, kD / affine::kSlice), affine::kThreads, 0, stream>>>(M, transpose, X,
+                                                                                   C, Y);
+  GDN_CUDA_CHECK_LAUNCH();
+}
+
+void launch_transpose(int count, float* M, cudaStream_t stream) {
+  if (count == 0) return;
+  transpose_kernel<<<count, 256, 0, stream>>>(M);
+  GDN_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace gdn::cuda

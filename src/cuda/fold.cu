@@ -1,0 +1,95 @@
+// The serial composition of the segment summaries (spec 4; state_pass.cuh), one block per
+// (value head, sequence, 16 columns of the state), with affine.cuh's steps. Segment k of sequence
+// n is z = z0 + k (z0 = n seg_count); last is its final segment. Forward, the state entering
+// segment k + 1 is S(k + 1) = M_k S(k) + N_k; backward, the gradient leaving segment k - 1 is
+// dS(k - 1) = M_k^T dS(k) + D_k. The summary passes store N_0 (from h0) in seg_state[z0 + 1]
+// and, for a last segment summarized, D_last (from dS_T) in seg_dstate[z0 + last - 1].
+//
+//   states:       seg_state[z0 + k + 1] for k < last, from seg_state[z0 + 1]; when n enters with
+//                 a carried state (in its h0 row), from h0 with the step k = 0 first.
+//   grad_states:  seg_dstate[z0 + k - 1] for k >= 1, from seg_dstate[z0 + last - 1]; when n
+//                 leaves (its carried gradient in its dht row), from dS_T with the step k = last.
+//   map_offset:   for a leaving n, N of its rank map: the state leaving its last segment.
+//   map_transfer: for a leaving n, M of its rank map: M_last ... M_0 when n enters, else 0.
+//   grad_offset:  for an entering n, G of its backward map: the gradient entering segment 0.
+#include "cuda/affine.cuh"
+#include "cuda/check.h"
+#include "cuda/kernels.h"
+#include "cuda/state_pass.cuh"
+
+namespace gdn::cuda {
+namespace {
+
+using state_pass::segment_matrix;
+using state_pass::sequence_matrix;
+
+template <Fold kFold>
+__global__ void __launch_bounds__(affine::kThreads) fold_kernel(Params p) {
+  const int hv = blockIdx.x, n = blockIdx.y, j0 = blockIdx.z * affine::kSlice;
+  const int chunks = p.chunk_begin[n + 1] - p.chunk_begin[n];
+  const int last = (chunks + p.seg_len - 1) / p.seg_len - 1, z0 = n * p.seg_count;
+  if (chunks == 0) return;
+  auto M = [&](int k) { return segment_matrix(p.seg_transfer, p, z0 + k, hv); };
+  auto local = [&](int k) { return segment_matrix(p.seg_local, p, z0 + k, hv); };
+  auto state = [&](int k) { return segment_matrix(p.seg_state, p, z0 + k, hv); };
+  auto dlocal = [&](int k) { return segment_matrix(p.seg_dlocal, p, z0 + k, hv); };
+  auto dstate = [&](int k) { return segment_matrix(p.seg_dstate, p, z0 + k, hv); };
+  const long long map = static_cast<long long>(chain(p, n)) * p.HV + hv;
+  __shared__ affine::Slice X;
+
+  if constexpr (kFold == Fold::states) {
+    const bool carried = enters(p, n);
+    if (last < (carried ? 1 : 2)) return;
+    affine::load(X, carried ? sequence_matrix(p.h0, p, n, hv) : state(1), j0);
+    for (int k = carried ? 0 : 1; k < last; ++k)
+      affine::step(X, M(k), false, k == 0 ? state(1) : local(k), state(k + 1), j0);
+  } else if constexpr (kFold == Fold::grad_states) {
+    const bool carried = leaves(p, n);
+    if (last < (carried ? 1 : 2)) return;
+    affine::load(X, carried ? sequence_matrix(p.dht, p, n, hv) : dstate(last - 1), j0);
+    for (int k = carried ? last : last - 1; k >= 1; --k)
+      affine::step(X, M(k), true, k == last ? dstate(last - 1) : dlocal(k), dstate(k - 1), j0);
+  } else if constexpr (kFold == Fold::map_offset) {
+    if (!leaves(p, n)) return;
+    affine::load(X, last == 0 ? local(0) : state(1), j0);
+    for (int k = 1; k <= last; ++k) affine::step(X, M(k), false, local(k), nullptr, j0);
+    affine::store(X, p.map_N + map * kD * kD, j0);
+  } else if constexpr (kFold == Fold::map_transfer) {
+    if (!leaves(p, n)) return;
+    const bool carried = enters(p, n);
+    affine::load(X, carried ? M(0) : nullptr, j0);
+    for (int k = 1; carried && k <= last; ++k) affine::step(X, M(k), false, nullptr, nullptr, j0);
+    affine::store(X, p.map_M + map * kD * kD, j0);
+  } else {  // grad_offset
+    if (!enters(p, n)) return;
+    affine::load(X, last == 0 ? dlocal(0) : dstate(last - 1), j0);
+    for (int k = last - 1; k >= 0; --k) affine::step(X, M(k), true, dlocal(k), nullptr, j0);
+    affine::store(X, p.map_N + map * kD * kD, j0);
+  }
+}
+
+}  // namespace
+
+void launch_fold(const Params& p, Fold fold, cudaStream_t stream) {
+  const dim3 grid(p.HV, p.N, kD / affine::kSlice);
+  switch (fold) {
+    case Fold::states:
+      fold_kernel<Fold::states><<<grid, affine::kThreads, 0, stream>>>(p);
+      break;
+    case Fold::grad_states:
+      fold_kernel<Fold::grad_states><<<grid, affine::kThreads, 0, stream>>>(p);
+      break;
+    case Fold::map_offset:
+      fold_kernel<Fold::map_offset><<<grid, affine::kThreads, 0, stream>>>(p);
+      break;
+    case Fold::map_transfer:
+      fold_kernel<Fold::map_transfer><<<grid, affine::kThreads, 0, stream>>>(p);
+      break;
+    case Fold::grad_offset:
+      fold_kernel<Fold::grad_offset><<<grid, affine::kThreads, 0, stream>>>(p);
+      break;
+  }
+  GDN_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace gdn::cuda
