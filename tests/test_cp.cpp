@@ -8,7 +8,7 @@
 #include <mutex>
 #include <random>
 
-#include "cp/affine.h"
+#include "cp/backend.h"
 #include "gdn/context_parallel.h"
 #include "gdn/error.h"
 #include "testing.h"
@@ -135,37 +135,54 @@ TEST(Cp, StrategyNames) {
   EXPECT_THROW(parse_strategy("ring"), Error);
 }
 
+// The CPU backend's map algebra (cp/backend.h) on [count] maps of K x K and K x V.
+struct MapAlgebra {
+  std::int64_t count = 3, K = 5, V = 4;
+  std::unique_ptr<cp::Backend> backend = cp::cpu_backend();
+  std::mt19937 rng{3};
+
+  std::vector<float> random(std::int64_t size) {
+    std::normal_distribution<float> normal(0.f, 0.3f);
+    std::vector<float> m(static_cast<std::size_t>(size));
+    for (float& x : m) x = normal(rng);
+    return m;
+  }
+  std::vector<float> map() { return random(count * (K * K + K * V)); }
+  std::vector<float> after(const std::vector<float>& second, const std::vector<float>& first) {
+    std::vector<float> out(first.size());
+    backend->compose(second.data(), first.data(), count, K, V, out.data());
+    return out;
+  }
+  std::vector<float> apply(const std::vector<float>& m, const std::vector<float>& x) {
+    std::vector<float> y(x.size());
+    backend->apply(m.data(), count, K, V, x.data(), y.data());
+    return y;
+  }
+};
+
 // (M2, N2) o (M1, N1) = (M2 M1, M2 N1 + N2) is associative and applies like the two in turn.
 TEST(Affine, CompositionIsAssociative) {
-  std::mt19937 rng(3);
-  std::normal_distribution<float> normal(0.f, 0.3f);
-  auto random = [&] {
-    cp::AffineMaps m = cp::AffineMaps::zeros(3, 5, 4);
-    for (float& x : m.data) x = normal(rng);
-    return m;
-  };
-  const cp::AffineMaps a = random(), b = random(), c = random();
-  const cp::AffineMaps left = c.after(b).after(a), right = c.after(b.after(a));
-  for (std::size_t i = 0; i < left.data.size(); ++i) EXPECT_NEAR(left.data[i], right.data[i], 1e-5);
-  std::vector<float> x(3 * 5 * 4);
-  for (float& v : x) v = normal(rng);
-  const std::vector<float> once = b.after(a).apply(x), twice = b.apply(a.apply(x));
+  MapAlgebra alg;
+  const std::vector<float> a = alg.map(), b = alg.map(), c = alg.map();
+  const std::vector<float> left = alg.after(alg.after(c, b), a),
+                           right = alg.after(c, alg.after(b, a));
+  for (std::size_t i = 0; i < left.size(); ++i) EXPECT_NEAR(left[i], right[i], 1e-5);
+  const std::vector<float> x = alg.random(alg.count * alg.K * alg.V);
+  const std::vector<float> once = alg.apply(alg.after(b, a), x),
+                           twice = alg.apply(b, alg.apply(a, x));
   for (std::size_t i = 0; i < once.size(); ++i) EXPECT_NEAR(once[i], twice[i], 1e-5);
 }
 
 // Backward maps compose with transposed matrices: (M2 M1)^T = M1^T M2^T.
 TEST(Affine, TransposeReversesComposition) {
-  std::mt19937 rng(4);
-  std::normal_distribution<float> normal(0.f, 0.3f);
-  cp::AffineMaps a = cp::AffineMaps::zeros(2, 4, 3), b = a;
-  for (float& x : a.data) x = normal(rng);
-  for (float& x : b.data) x = normal(rng);
-  cp::AffineMaps forward = b.after(a);
-  forward.transpose_matrices();
-  a.transpose_matrices();
-  b.transpose_matrices();
-  const cp::AffineMaps backward = a.after(b);
-  for (std::int64_t i = 0; i < 2 * 4 * 4; ++i) EXPECT_NEAR(forward.data[i], backward.data[i], 1e-5);
+  MapAlgebra alg;
+  std::vector<float> a = alg.map(), b = alg.map();
+  std::vector<float> forward = alg.after(b, a);
+  for (std::vector<float>* m : {&forward, &a, &b})
+    alg.backend->transpose_matrices(m->data(), alg.count, alg.K);
+  const std::vector<float> backward = alg.after(a, b);
+  for (std::int64_t i = 0; i < alg.count * alg.K * alg.K; ++i)
+    EXPECT_NEAR(forward[static_cast<std::size_t>(i)], backward[static_cast<std::size_t>(i)], 1e-5);
 }
 
 }  // namespace

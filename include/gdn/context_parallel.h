@@ -9,6 +9,7 @@
 // over ranks gives the whole. Without cu_seqlens that is rank 0 (dh0) and the last rank
 // (final_state). Every strategy gives the single-rank result.
 
+#include <cstdint>
 #include <memory>
 #include <string_view>
 #include <vector>
@@ -34,13 +35,23 @@ std::vector<Strategy> all_strategies();             // every concrete strategy (
 struct CpOptions {
   Strategy strategy = Strategy::automatic;
   bool recompute_summary = false;  // backward rebuilds M instead of keeping it from forward
+  bool save_for_backward = false;  // CUDA: the forward keeps the per-chunk states (training)
 };
+
+namespace cp {
+class Backend;
+struct AffineMaps;
+struct ShardPlan;
+}  // namespace cp
 
 // One rank's side of the op. forward keeps what backward needs (the entering states, M), so call
 // backward on the same shard after forward; a later forward replaces it.
 class CpDeltaRule {
  public:
+  // On the CPU, with host tensors and a host communicator.
   CpDeltaRule(Communicator& comm, CpOptions options = {});
+  // On another backend (gdn/cuda.h: cuda_cp_delta_rule), whose memory the communicator's is.
+  CpDeltaRule(Communicator& comm, std::unique_ptr<cp::Backend> backend, CpOptions options = {});
   ~CpDeltaRule();
 
   void forward(const DeltaRuleInputs& shard, const DeltaRuleOutputs& out);
@@ -50,8 +61,12 @@ class CpDeltaRule {
   struct Saved;
 
  private:
+  cp::AffineMaps new_maps(const cp::ShardPlan& plan);
+
   Communicator& comm_;
+  std::unique_ptr<cp::Backend> backend_;
   CpOptions options_;
+  std::int64_t checked_T_ = -1;  // the shard length checked equal on every rank
   std::unique_ptr<Saved> saved_;
 };
 

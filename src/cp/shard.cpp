@@ -20,24 +20,10 @@ DeltaRuleInputs global_view(const DeltaRuleInputs& shard, int ranks) {
   return view;
 }
 
-// Rows of `local` (one per segment) into the user's [N, HV, K, V] by sequence, for the segments
-// whose `crosses` flag is false (they own the row); every other row of the user's tensor is zero.
-void write_owned_rows(const ShardPlan& plan, const HostTensor& local, const TensorRef& user,
-                      bool Segment::*crosses) {
-  if (!user.given()) return;
-  const std::int64_t row = plan.state_size();
-  const std::vector<float> zeros(static_cast<std::size_t>(row), 0.0f);
-  for (std::int64_t n = 0; n < plan.global_sequences; ++n)
-    core::store_row(user, n * row, row, zeros.data());
-  for (std::size_t i = 0; i < plan.segments.size(); ++i)
-    if (!(plan.segments[i].*crosses))
-      core::store_row(user, plan.segments[i].sequence * row, row,
-                     local.as<float>() + static_cast<std::int64_t>(i) * row);
-}
-
 }  // namespace
 
-ShardPlan plan_shard(Communicator& comm, const DeltaRuleInputs& shard) {
+ShardPlan plan_shard(Communicator& comm, Backend& backend, const DeltaRuleInputs& shard,
+                     std::int64_t& checked_T) {
   ShardPlan plan;
   plan.rank = comm.rank();
   plan.ranks = comm.size();
@@ -47,14 +33,22 @@ ShardPlan plan_shard(Communicator& comm, const DeltaRuleInputs& shard) {
   plan.shape = validate(local);
   const DeltaRuleShape global = validate(global_view(shard, plan.ranks));
 
-  std::vector<std::int64_t> lengths(static_cast<std::size_t>(plan.ranks));
-  comm.all_gather(&plan.shape.T, lengths.data(), sizeof(std::int64_t));
-  for (int r = 0; r < plan.ranks; ++r)
-    if (lengths[static_cast<std::size_t>(r)] != plan.shape.T)
-      throw Error(
-          fmt::format("rank {}: every rank must hold T / P tokens: this rank has {}, rank "
-                      "{} has {}",
-                      plan.rank, plan.shape.T, r, lengths[static_cast<std::size_t>(r)]));
+  if (checked_T != plan.shape.T) {
+    // Through the backend's memory: a device communicator takes device buffers.
+    const Buffer mine = backend.allocate(sizeof(std::int64_t));
+    const Buffer all =
+        backend.allocate(sizeof(std::int64_t) * static_cast<std::size_t>(plan.ranks));
+    backend.copy(mine.data(), &plan.shape.T, sizeof(std::int64_t));
+    comm.all_gather(mine.data(), all.data(), sizeof(std::int64_t));
+    const HostTensor lengths = backend.to_host(all.view(DType::i64, {plan.ranks}));
+    for (int r = 0; r < plan.ranks; ++r)
+      if (lengths.as<std::int64_t>()[r] != plan.shape.T)
+        throw Error(
+            fmt::format("rank {}: every rank must hold T / P tokens: this rank has {}, rank "
+                        "{} has {}",
+                        plan.rank, plan.shape.T, r, lengths.as<std::int64_t>()[r]));
+    checked_T = plan.shape.T;
+  }
 
   plan.global_sequences = global.N;
   const std::int64_t t0 = plan.rank * plan.shape.T, t1 = t0 + plan.shape.T;
@@ -65,6 +59,8 @@ ShardPlan plan_shard(Communicator& comm, const DeltaRuleInputs& shard) {
   } else {
     plan.chains = 1;
     plan.local_cu_seqlens.push_back(0);
+    for (std::int64_t n = 0; n <= global.N; ++n)
+      plan.cu_seqlens.push_back(core::load<std::int64_t>(shard.cu_seqlens, n));
     for (std::int64_t n = 0; n < global.N; ++n) {
       const auto begin = core::load<std::int64_t>(shard.cu_seqlens, n);
       const auto end = core::load<std::int64_t>(shard.cu_seqlens, n + 1);
@@ -77,74 +73,13 @@ ShardPlan plan_shard(Communicator& comm, const DeltaRuleInputs& shard) {
   return plan;
 }
 
-LocalProblem::LocalProblem(const ShardPlan& plan, const DeltaRuleInputs& shard,
-                           const float* carried_in) {
-  const DeltaRuleShape& s = plan.shape;
-  const std::int64_t row = plan.state_size();
-  initial_state = HostTensor::zeros(DType::f32, {s.N, s.HV, s.K, s.V});
-  final_state = HostTensor::zeros(DType::f32, {s.N, s.HV, s.K, s.V});
-  d_final_state = HostTensor::zeros(DType::f32, {s.N, s.HV, s.K, s.V});
-  dh0 = HostTensor::zeros(DType::f32, {s.N, s.HV, s.K, s.V});
-  for (std::size_t i = 0; i < plan.segments.size(); ++i) {
-    const Segment& seg = plan.segments[i];
-    float* dst = initial_state.as<float>() + static_cast<std::int64_t>(i) * row;
-    if (seg.from_previous)
-      std::copy_n(carried_in + seg.chain * row, row, dst);
-    else if (shard.initial_state.given())
-      core::load_row(shard.initial_state, seg.sequence * row, row, dst);
+Carried carried(const ShardPlan& plan) {
+  Carried c;
+  for (const Segment& seg : plan.segments) {
+    c.enters = c.enters || seg.from_previous;
+    c.leaves = c.leaves || seg.to_next;
   }
-  inputs = shard;
-  inputs.initial_state = initial_state.ref();
-  inputs.cu_seqlens = {};
-  if (!plan.local_cu_seqlens.empty()) {
-    cu_seqlens = HostTensor::zeros(DType::i64, {s.N + 1});
-    std::copy(plan.local_cu_seqlens.begin(), plan.local_cu_seqlens.end(),
-              cu_seqlens.as<std::int64_t>());
-    inputs.cu_seqlens = cu_seqlens.ref();
-  }
-}
-
-std::vector<float> LocalProblem::carried_out(const ShardPlan& plan) const {
-  const std::int64_t row = plan.state_size();
-  std::vector<float> out(static_cast<std::size_t>(plan.carried_size()), 0.0f);
-  for (std::size_t i = 0; i < plan.segments.size(); ++i)
-    if (plan.segments[i].to_next)
-      std::copy_n(final_state.as<float>() + static_cast<std::int64_t>(i) * row, row,
-                  out.data() + plan.segments[i].chain * row);
-  return out;
-}
-
-void LocalProblem::write_final_state(const ShardPlan& plan, const TensorRef& user) const {
-  write_owned_rows(plan, final_state, user, &Segment::to_next);
-}
-
-void LocalProblem::set_d_final_state(const ShardPlan& plan, const TensorRef& user,
-                                     const float* carried) {
-  const std::int64_t row = plan.state_size();
-  for (std::size_t i = 0; i < plan.segments.size(); ++i) {
-    const Segment& seg = plan.segments[i];
-    float* dst = d_final_state.as<float>() + static_cast<std::int64_t>(i) * row;
-    if (seg.to_next)
-      std::copy_n(carried + seg.chain * row, row, dst);
-    else if (user.given())
-      core::load_row(user, seg.sequence * row, row, dst);
-    else
-      std::fill_n(dst, row, 0.0f);
-  }
-}
-
-std::vector<float> LocalProblem::carried_grad_out(const ShardPlan& plan) const {
-  const std::int64_t row = plan.state_size();
-  std::vector<float> out(static_cast<std::size_t>(plan.carried_size()), 0.0f);
-  for (std::size_t i = 0; i < plan.segments.size(); ++i)
-    if (plan.segments[i].from_previous)
-      std::copy_n(dh0.as<float>() + static_cast<std::int64_t>(i) * row, row,
-                  out.data() + plan.segments[i].chain * row);
-  return out;
-}
-
-void LocalProblem::write_dh0(const ShardPlan& plan, const TensorRef& user) const {
-  write_owned_rows(plan, dh0, user, &Segment::from_previous);
+  return c;
 }
 
 }  // namespace gdn::cp

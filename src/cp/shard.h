@@ -1,6 +1,5 @@
 #pragma once
-// How one rank's shard of tokens splits into segments of the global sequences, and the local
-// problem (inputs with local cu_seqlens and states) that the single-rank op runs on it.
+// How one rank's shard of tokens splits into segments of the global sequences.
 //
 // A segment may continue a sequence from the previous rank (from_previous) or into the next one
 // (to_next). The states that cross a rank boundary are the "carried" states, one per chain:
@@ -9,6 +8,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "cp/backend.h"
 #include "gdn/communicator.h"
 #include "gdn/delta_rule.h"
 
@@ -28,32 +28,20 @@ struct ShardPlan {
   std::int64_t chains;            // carried states: B, or 1 with cu_seqlens
   std::vector<Segment> segments;  // in local order
   std::vector<std::int64_t> local_cu_seqlens;  // with cu_seqlens: the local segment offsets
+  std::vector<std::int64_t> cu_seqlens;        // with cu_seqlens: the global offsets (host)
 
   std::int64_t state_size() const { return shape.HV * shape.K * shape.V; }  // one row
   std::int64_t carried_size() const { return chains * state_size(); }
 };
 
-// Validates the shard (and that every rank holds the same length) and splits it into segments.
-ShardPlan plan_shard(Communicator& comm, const DeltaRuleInputs& shard);
+// Validates the shard and splits it into segments. shard.cu_seqlens must be a host copy. Every
+// rank must hold the same length: checked across ranks unless `checked_T` already holds this
+// rank's T (a check made once per length, so that a device communicator's hot path has no
+// host synchronization).
+ShardPlan plan_shard(Communicator& comm, Backend& backend, const DeltaRuleInputs& shard,
+                     std::int64_t& checked_T);
 
-// The shard as a single-rank problem: inputs with local cu_seqlens and initial state, plus the
-// local final state, d_final_state and dh0 buffers, all f32 [segments, HV, K, V].
-struct LocalProblem {
-  HostTensor cu_seqlens, initial_state, final_state, d_final_state, dh0;
-  DeltaRuleInputs inputs;
-
-  // Entering states: the carried state where a segment continues, else the user's (or zero).
-  LocalProblem(const ShardPlan& plan, const DeltaRuleInputs& shard, const float* carried_in);
-  // The carried states leaving this rank (final states of to_next segments); zero elsewhere.
-  std::vector<float> carried_out(const ShardPlan& plan) const;
-  // Final states of sequences ending here into the user's final_state; other rows zeroed.
-  void write_final_state(const ShardPlan& plan, const TensorRef& final_state) const;
-  // Local d_final_state: the carried gradient where a segment continues, else the user's.
-  void set_d_final_state(const ShardPlan& plan, const TensorRef& user, const float* carried);
-  // The carried gradients leaving backward (dh0 of from_previous segments); zero elsewhere.
-  std::vector<float> carried_grad_out(const ShardPlan& plan) const;
-  // dh0 of sequences starting here into the user's dh0; other rows zeroed.
-  void write_dh0(const ShardPlan& plan, const TensorRef& dh0) const;
-};
+// Whether any segment continues from the previous rank, or into the next.
+Carried carried(const ShardPlan& plan);
 
 }  // namespace gdn::cp

@@ -7,9 +7,9 @@
 
 namespace gdn::cp {
 
-void ulysses_forward(Communicator& comm, const ShardPlan& plan, const DeltaRuleInputs& shard,
-                     const DeltaRuleOutputs& out);
-void ulysses_backward(Communicator& comm, const ShardPlan& plan, const DeltaRuleInputs& shard,
-                      const DeltaRuleGrads& grads);
+void ulysses_forward(Communicator& comm, Backend& backend, const ShardPlan& plan,
+                     const DeltaRuleInputs& shard, const DeltaRuleOutputs& out);
+void ulysses_backward(Communicator& comm, Backend& backend, const ShardPlan& plan,
+                      const DeltaRuleInputs& shard, const DeltaRuleGrads& grads);
 
 }  // namespace gdn::cp
