@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda/check.h"
+#include "cuda_testing.h"
 #include "gdn/cuda.h"
 #include "gdn/delta_rule.h"
 #include "gdn/error.h"
@@ -19,42 +19,6 @@ namespace {
 
 constexpr double kOutputTolerance = 8e-3;
 constexpr double kGradTolerance = 1.5e-2;
-
-bool have_gpu() {
-  int count = 0;
-  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
-}
-
-// A device copy of a host tensor (or an empty one), freed with the object.
-struct DeviceTensor {
-  void* data = nullptr;
-  TensorRef ref;
-  DeviceTensor() = default;
-  explicit DeviceTensor(const HostTensor& h) { make(h.dtype, h.shape, &h); }
-  DeviceTensor(DType dtype, std::vector<std::int64_t> shape) {
-    make(dtype, std::move(shape), nullptr);
-  }
-  DeviceTensor(const DeviceTensor&) = delete;
-  DeviceTensor& operator=(const DeviceTensor&) = delete;
-  ~DeviceTensor() { cudaFree(data); }
-  void make(DType dtype, std::vector<std::int64_t> shape, const HostTensor* h) {
-    if (h && h->bytes.empty()) return;  // not given
-    ref.dtype = dtype;
-    ref.shape = std::move(shape);
-    const std::size_t bytes = static_cast<std::size_t>(ref.numel()) * dtype_size(dtype);
-    GDN_CUDA_CHECK(cudaMalloc(&data, bytes > 0 ? bytes : 1));
-    if (h)
-      GDN_CUDA_CHECK(cudaMemcpy(data, h->bytes.data(), bytes, cudaMemcpyHostToDevice));
-    else
-      GDN_CUDA_CHECK(cudaMemset(data, 0, bytes > 0 ? bytes : 1));
-    ref.data = data;
-  }
-  HostTensor download() const {
-    HostTensor h = HostTensor::zeros(ref.dtype, ref.shape);
-    GDN_CUDA_CHECK(cudaMemcpy(h.bytes.data(), data, h.bytes.size(), cudaMemcpyDeviceToHost));
-    return h;
-  }
-};
 
 // With reuse_forward, the backward reads the forward's workspace instead of recomputing it; with
 // save, that forward also saved the per-chunk states and Vn.

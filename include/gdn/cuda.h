@@ -9,6 +9,10 @@
 
 #include <cstddef>
 
+#include <memory>
+
+#include "gdn/communicator.h"
+#include "gdn/context_parallel.h"
 #include "gdn/delta_rule.h"
 
 struct CUstream_st;  // cudaStream_t without the CUDA headers
@@ -51,5 +55,12 @@ void delta_rule_forward_cuda(const DeltaRuleInputs& in, const DeltaRuleOutputs& 
 // ctx.forward_workspace holds them (and the per-chunk states unless it was saved for backward).
 void delta_rule_backward_cuda(const DeltaRuleInputs& in, const DeltaRuleGrads& grads,
                               const CudaContext& ctx);
+
+// Context parallelism on CUDA (gdn/context_parallel.h): every rank's tensors in device memory,
+// with the dtypes above, and its work on comm.stream() (a device communicator,
+// gdn/gpu_communicator.h), without host synchronization (except to read cu_seqlens, and once
+// per shard length to check that every rank holds the same). Buffers come from CUDA's
+// stream-ordered allocator.
+std::unique_ptr<CpDeltaRule> cuda_cp_delta_rule(Communicator& comm, CpOptions options = {});
 
 }  // namespace gdn

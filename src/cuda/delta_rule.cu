@@ -203,12 +203,15 @@ struct Call {
   bool reuse = false, saved = false;  // backward: reads the forward's workspace (and its h, Vn)
 };
 
-Call forward_call(const DeltaRuleInputs& in, const DeltaRuleOutputs& out, const CudaContext& ctx,
+// out: null for the stages before the output pass.
+Call forward_call(const DeltaRuleInputs& in, const DeltaRuleOutputs* out, const CudaContext& ctx,
                   const cuda::Carried& carried) {
   const DeltaRuleShape s = check_inputs(in, ctx.cu_seqlens_host);
-  validate_outputs(s, out);
-  require_dtype("o", out.o, in.q.dtype);
-  require_dtype("final_state", out.final_state, DType::f32);
+  if (out) {
+    validate_outputs(s, *out);
+    require_dtype("o", out->o, in.q.dtype);
+    require_dtype("final_state", out->final_state, DType::f32);
+  }
   const ChunkCount chunks = count_chunks(in, s, ctx.cu_seqlens_host);
   Call call{{},
             reinterpret_cast<cudaStream_t>(ctx.stream),
@@ -218,8 +221,10 @@ Call forward_call(const DeltaRuleInputs& in, const DeltaRuleOutputs& out, const 
   check_workspace("workspace", ctx.workspace, ctx.workspace_bytes,
                   plan(in, s, chunks, false, ctx.workspace, nullptr, false, ctx.save_for_backward,
                        carried, call.p));
-  call.p.o = out.o.data;
-  call.p.ht = static_cast<float*>(out.final_state.data);
+  if (out) {
+    call.p.o = out->o.data;
+    call.p.ht = static_cast<float*>(out->final_state.data);
+  }
   return call;
 }
 
@@ -336,15 +341,13 @@ std::size_t backward_workspace_bytes(const DeltaRuleInputs& in, const TensorRef&
               reuse && save, carried, p);
 }
 
-void forward_summaries(const DeltaRuleInputs& in, const DeltaRuleOutputs& out,
-                       const CudaContext& ctx, const Carried& carried) {
-  const Call c = forward_call(in, out, ctx, carried);
+void forward_summaries(const DeltaRuleInputs& in, const CudaContext& ctx, const Carried& carried) {
+  const Call c = forward_call(in, nullptr, ctx, carried);
   by_dtype(c, [&](auto t) { summarize_forward<decltype(t)>(c); });
 }
 
-void forward_maps(const DeltaRuleInputs& in, const DeltaRuleOutputs& out, const CudaContext& ctx,
-                  const Carried& carried) {
-  const Call c = forward_call(in, out, ctx, carried);
+void forward_maps(const DeltaRuleInputs& in, const CudaContext& ctx, const Carried& carried) {
+  const Call c = forward_call(in, nullptr, ctx, carried);
   if (c.empty) return;
   launch_fold(c.p, Fold::map_offset, c.stream);
   launch_fold(c.p, Fold::map_transfer, c.stream);
@@ -352,7 +355,7 @@ void forward_maps(const DeltaRuleInputs& in, const DeltaRuleOutputs& out, const 
 
 void forward_output(const DeltaRuleInputs& in, const DeltaRuleOutputs& out, const CudaContext& ctx,
                     const Carried& carried) {
-  const Call c = forward_call(in, out, ctx, carried);
+  const Call c = forward_call(in, &out, ctx, carried);
   by_dtype(c, [&](auto t) { finish_forward<decltype(t)>(c, ctx.save_for_backward); });
 }
 
@@ -390,7 +393,7 @@ std::size_t delta_rule_backward_cuda_workspace(const DeltaRuleInputs& in,
 
 void delta_rule_forward_cuda(const DeltaRuleInputs& in, const DeltaRuleOutputs& out,
                              const CudaContext& ctx) {
-  const Call c = forward_call(in, out, ctx, {});
+  const Call c = forward_call(in, &out, ctx, {});
   by_dtype(c, [&](auto t) {
     summarize_forward<decltype(t)>(c);
     finish_forward<decltype(t)>(c, ctx.save_for_backward);

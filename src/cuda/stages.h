@@ -27,10 +27,8 @@ std::size_t forward_workspace_bytes(const DeltaRuleInputs& in, const TensorRef& 
 std::size_t backward_workspace_bytes(const DeltaRuleInputs& in, const TensorRef& cu_seqlens_host,
                                      bool reuse, bool save, const Carried& carried);
 
-void forward_summaries(const DeltaRuleInputs& in, const DeltaRuleOutputs& out,
-                       const CudaContext& ctx, const Carried& carried);
-void forward_maps(const DeltaRuleInputs& in, const DeltaRuleOutputs& out, const CudaContext& ctx,
-                  const Carried& carried);
+void forward_summaries(const DeltaRuleInputs& in, const CudaContext& ctx, const Carried& carried);
+void forward_maps(const DeltaRuleInputs& in, const CudaContext& ctx, const Carried& carried);
 void forward_output(const DeltaRuleInputs& in, const DeltaRuleOutputs& out, const CudaContext& ctx,
                     const Carried& carried);
 void backward_summaries(const DeltaRuleInputs& in, const DeltaRuleGrads& grads,
