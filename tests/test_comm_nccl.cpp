@@ -113,17 +113,23 @@ void exchange_everything(Communicator& comm) {
   sending(next, shift.size());
   EXPECT_EQ(shift_in.host(comm), shifted) << "send_recv on rank " << r;
 
-  // Plain sends and receives along the ring; the source is overwritten right after the send, and
-  // the message must still be what it held.
+  // Plain sends and receives along the ring, even ranks sending first, odd ones receiving first.
+  // The source is overwritten right after the send (before the receive, on one rank), and the
+  // message must still be what it held.
   const Bytes ring = payload(r, next, 333);
   DeviceBytes ring_out(ring, stream), ring_in(Bytes(333, 0xEE), stream);
-  if (r % 2 == 0) comm.send(ring_out.data(), ring.size(), next);
-  if (P == 1 || r % 2 == 1) {
-    comm.recv(ring_in.data(), 333, prev);
-    if (r % 2 == 1) comm.send(ring_out.data(), ring.size(), next);
+  const auto send_ring = [&] {
+    comm.send(ring_out.data(), ring.size(), next);
+    ASSERT_EQ(cudaMemsetAsync(ring_out.data(), 0, ring.size(), stream), cudaSuccess);
+  };
+  const auto recv_ring = [&] { comm.recv(ring_in.data(), 333, prev); };
+  if (r % 2 == 0) {
+    send_ring();
+    recv_ring();
+  } else {
+    recv_ring();
+    send_ring();
   }
-  if (P > 1 && r % 2 == 0) comm.recv(ring_in.data(), 333, prev);
-  ASSERT_EQ(cudaMemsetAsync(ring_out.data(), 0, ring.size(), stream), cudaSuccess);
   sending(next, ring.size());
   EXPECT_EQ(ring_in.host(comm), payload(prev, r, 333)) << "send/recv on rank " << r;
 
@@ -233,8 +239,8 @@ TEST_F(Nccl, ArgumentErrorsNameTheRank) {
                                                          std::to_string(ranks));
 }
 
-// A stream the host holds up past the timeout: the watchdog aborts the communicator, and the
-// call, synchronize() and every later call report it.
+// A stream the host holds up past the timeout: the operation does complete, after 2 s, but the
+// watchdog has aborted the communicator by then, and synchronize() and every later call say so.
 TEST_F(Nccl, AnOperationPastTheTimeoutAbortsTheCommunicator) {
   const std::string expected =
       "rank 0: NCCL all_reduce_sum of 1 floats did not complete within 500 ms; communicator "
@@ -254,9 +260,8 @@ TEST_F(Nccl, AnOperationPastTheTimeoutAbortsTheCommunicator) {
         } catch (const Error& e) {
           synchronized = e.what();
         }
-        const auto waited = Clock::now() - start;
-        EXPECT_GE(waited, 500ms);
-        EXPECT_LT(waited, 1500ms) << "synchronize() waited for the stream, not the timeout";
+        // (ncclCommAbort itself waits for the host function: no upper bound to check here.)
+        EXPECT_GE(Clock::now() - start, 500ms);
         try {
           comm.barrier();
         } catch (const Error& e) {

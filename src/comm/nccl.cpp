@@ -77,6 +77,14 @@ std::string with_peers(const std::vector<int>& peers) {
   return fmt::format(" with ranks {}", fmt::join(peers, ", "));
 }
 
+// As with mpi_world, MPI ends with the communicator if nccl_world started it, unless a failure may
+// have left a peer that MPI_Finalize would wait for.
+void end_mpi([[maybe_unused]] bool failed) {
+#ifdef GDN_NCCL_MPI
+  if (!failed) MPI_Finalize();
+#endif
+}
+
 class Nccl final : public Communicator {
  public:
   Nccl(const ncclUniqueId& id, int rank, int ranks, int device, Timeout timeout)
@@ -110,25 +118,13 @@ class Nccl final : public Communicator {
     wake_.notify_all();
     watchdog_.join();
     release();
-#ifdef GDN_NCCL_MPI
-    // As mpi_world: MPI goes with the communicator if nccl_world started it, unless a failure
-    // may have left a peer that MPI_Finalize would wait for.
-    if (finalize_mpi && failure_.empty()) MPI_Finalize();
-#endif
+    if (owns_mpi) end_mpi(!failure_.empty());
   }
 
-  int rank() const override {
-    return rank_;
-  }
-  int size() const override {
-    return size_;
-  }
-  Memory memory() const override {
-    return Memory::device;
-  }
-  CUstream_st* stream() const override {
-    return stream_;
-  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  Memory memory() const override { return Memory::device; }
+  CUstream_st* stream() const override { return stream_; }
 
   void send(const void* data, std::size_t bytes, int peer) override {
     check_peer(peer);
@@ -235,9 +231,7 @@ class Nccl final : public Communicator {
     abort_locked(std::move(why));
   }
 
-#ifdef GDN_NCCL_MPI
-  bool finalize_mpi = false;  // nccl_world initialized MPI
-#endif
+  bool owns_mpi = false;  // nccl_world initialized MPI: it ends with the communicator
 
  private:
   struct Pending {
@@ -561,7 +555,7 @@ std::unique_ptr<Communicator> nccl_world([[maybe_unused]] Timeout timeout) {
   if (devices == 0)
     throw Error(fmt::format("rank {}: nccl_world: no CUDA device is visible", rank));
   auto comm = std::make_unique<Nccl>(id, rank, ranks, local_rank % devices, timeout);
-  comm->finalize_mpi = !initialized;
+  comm->owns_mpi = !initialized;
   return comm;
 #else
   throw Error(
