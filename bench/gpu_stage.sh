@@ -6,9 +6,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="/usr/local/cuda/bin:$PATH"
 cmake -S . -B build-gpu -G Ninja -DGDN_NATIVE=OFF -DGDN_MPI=OFF -DGDN_BUILD_BENCH=ON >/dev/null
-ninja -C build-gpu gdn test_cuda_delta_rule test_cuda_l2norm test_cuda_wgmma bench_cuda
+tests="test_cuda_delta_rule test_cuda_l2norm test_cuda_wgmma test_cuda_cp test_comm_gpu"
+[ -f build-gpu/build.ninja ] && grep -q "build tests/test_comm_nccl:" build-gpu/build.ninja &&
+  tests="$tests test_comm_nccl"
+ninja -C build-gpu gdn $tests bench_cuda
 mkdir -p .device
-cp build-gpu/gdn build-gpu/tests/test_cuda_delta_rule build-gpu/tests/test_cuda_l2norm \
-  build-gpu/tests/test_cuda_wgmma \
+cp build-gpu/gdn $(for t in $tests; do echo build-gpu/tests/$t; done) \
   build-gpu/bench/bench_cuda .device/
 for lib in libfmt.so.9 libgomp.so.1; do cp "$(ldconfig -p | awk -v l=$lib '$1 == l {print $NF; exit}')" .device/; done

@@ -9,16 +9,20 @@
 namespace gdn::app {
 namespace {
 
+constexpr HostTensor ProblemResults::*kFields[] = {
+    &ProblemResults::o,     &ProblemResults::final_state, &ProblemResults::dq,
+    &ProblemResults::dk,    &ProblemResults::dv,          &ProblemResults::dg,
+    &ProblemResults::dbeta, &ProblemResults::dh0};
+
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-// Every rank's shard results, in place in the whole.
+}  // namespace
+
 ProblemResults gather(Communicator& comm, const ProblemData& data, ProblemResults& mine) {
   std::vector<ProblemResults> shards(static_cast<std::size_t>(comm.size()), mine);
-  for (auto field :
-       {&ProblemResults::o, &ProblemResults::final_state, &ProblemResults::dq, &ProblemResults::dk,
-        &ProblemResults::dv, &ProblemResults::dg, &ProblemResults::dbeta, &ProblemResults::dh0}) {
+  for (auto field : kFields) {
     const std::vector<std::byte>& bytes = (mine.*field).bytes;
     std::vector<std::byte> all(bytes.size() * shards.size());
     comm.all_gather(bytes.data(), all.data(), bytes.size());
@@ -27,11 +31,12 @@ ProblemResults gather(Communicator& comm, const ProblemData& data, ProblemResult
                   (shards[r].*field).bytes.begin());
   }
   ProblemResults whole = allocate_results(data, mine.o.dtype);
+  for (auto field : kFields)  // each in the dtype of this rank's (the CUDA path mixes them)
+    if (!(whole.*field).bytes.empty())
+      whole.*field = HostTensor::zeros((mine.*field).dtype, (whole.*field).shape);
   for (int r = 0; r < comm.size(); ++r) gather_shard(shards[static_cast<std::size_t>(r)], r, whole);
   return whole;
 }
-
-}  // namespace
 
 double slowest(Communicator& comm, double value) {
   std::vector<double> all(static_cast<std::size_t>(comm.size()));

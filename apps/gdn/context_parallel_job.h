@@ -19,6 +19,9 @@ struct CpStats {
 ProblemResults run_context_parallel(Communicator& comm, const ProblemData& data,
                                     const CpOptions& options, bool backward, CpStats& stats);
 
+// Every rank's shard results (`mine`, of this rank's shard), in place in the whole results.
+ProblemResults gather(Communicator& comm, const ProblemData& data, ProblemResults& mine);
+
 // The largest value over the ranks (every rank gets it).
 double slowest(Communicator& comm, double value);
 

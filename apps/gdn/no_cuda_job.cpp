@@ -3,8 +3,21 @@
 
 namespace gdn::app {
 
-ProblemResults run_on_cuda(const ProblemData&, bool, CudaTimes&) {
+namespace {
+[[noreturn]] void no_cuda() {
   throw Error("--device cuda: gdn was built without CUDA (configure with nvcc found, GDN_CUDA=ON)");
+}
+}  // namespace
+
+ProblemResults run_on_cuda(const ProblemData&, bool, CudaTimes&) {
+  no_cuda();
+}
+ProblemResults run_cp_on_cuda(const ProblemData&, int, Communicator*, const CpOptions&, bool, int,
+                              CpStats&) {
+  no_cuda();
+}
+bool one_gpu_per_rank(int) {
+  return false;
 }
 
 }  // namespace gdn::app

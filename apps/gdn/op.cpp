@@ -48,7 +48,10 @@ void add_op_options(CLI::App& command, OpOptions& options) {
   command.add_option("--chunk", options.chunk_size, "Chunk size C of the chunked method")
       ->check(CLI::PositiveNumber);
   add_ranks_options(command, options.ranks, options.strategy, false);
-  command.add_option("--device", options.device, "cpu, or cuda (bf16 or f16 inputs, one rank)")
+  command
+      .add_option("--device", options.device,
+                  "cpu, or cuda (bf16 or f16 inputs; with --ranks or mpirun, context parallel "
+                  "on GPUs as for gdn run)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   add_choice(command, "--method", options.method,
              {{"chunked", Method::chunked}, {"recurrent", Method::recurrent}},
@@ -88,10 +91,14 @@ int op(const OpOptions& options) {
 
   std::unique_ptr<Communicator> world = launched_by_mpirun() ? mpi_world() : nullptr;
   ProblemResults results;
-  if (options.device == "cuda") {
-    if (world || options.ranks != 1) throw Error("--device cuda runs on one rank: drop --ranks");
+  if (options.device == "cuda" && !world && options.ranks == 1) {
     CudaTimes times;
     results = run_on_cuda(data, backward, times);
+  } else if (options.device == "cuda") {
+    CpStats stats;
+    results = run_cp_on_cuda(data, options.ranks, world.get(), {parse_strategy(options.strategy)},
+                             backward, 1, stats);
+    if (world && world->rank() != 0) return 0;  // rank 0 writes the file
   } else if (!world && options.ranks == 1) {
     results = allocate_results(data, DType::f32);
     delta_rule_forward(data.inputs(), results.outputs(), options.method);

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -140,8 +141,9 @@ void add_run_options(CLI::App& command, RunOptions& options) {
   add_ranks_options(command, options.ranks, options.strategy, true);
   command
       .add_option("--device", options.device,
-                  "cpu, or cuda: the op on the GPU (bf16 inputs "
-                  "unless --dtype f16; one rank)")
+                  "cpu, or cuda: the op on the GPU (bf16 inputs unless --dtype f16), then with "
+                  "--ranks context parallel on GPUs: one per rank when there are as many, else "
+                  "virtual ranks sharing one (under mpirun: a GPU per process)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   command.add_flag("--layer", options.layer,
                    "The whole Qwen3.5 GatedDeltaNet layer (random weights, conv kernel 4) instead "
@@ -159,10 +161,14 @@ void add_run_options(CLI::App& command, RunOptions& options) {
 
 namespace {
 
+// One strategy's context-parallel run: stats of the slowest rank and the whole results (on the
+// printing rank).
+using StrategyRun = std::function<void(Strategy, CpStats&, ProblemResults&)>;
+
 // Each strategy over the ranks, against the single-rank results; true when all are within
 // tolerance. Under mpirun only rank 0 prints.
-bool run_strategies(const RunOptions& options, Communicator* world, const ProblemData& data,
-                    const ProblemResults& single, double tolerance) {
+bool run_strategies(const RunOptions& options, Communicator* world, const ProblemResults& single,
+                    double tolerance, const std::string& where, const StrategyRun& run_one) {
   std::vector<Strategy> strategies;
   if (options.strategy == "all")
     strategies = all_strategies();
@@ -174,8 +180,7 @@ bool run_strategies(const RunOptions& options, Communicator* world, const Proble
   const double tokens = static_cast<double>(options.problem.B * options.problem.T);
   if (printer)
     fmt::print("\ncontext parallel over {} {}:\n{:<19}{:>10}{:>14}{:>14}{:>14}{:>13}\n", ranks,
-               mpi ? "MPI processes" : "in-process ranks", "strategy", "fwd (ms)", "fwd+bwd (ms)",
-               "tokens/s", "sent/rank MB", "error");
+               where, "strategy", "fwd (ms)", "fwd+bwd (ms)", "tokens/s", "sent/rank MB", "error");
   bool ok = true;
   for (Strategy strategy : strategies) {
     if (strategy == Strategy::ulysses &&
@@ -185,19 +190,7 @@ bool run_strategies(const RunOptions& options, Communicator* world, const Proble
     }
     CpStats stats;
     ProblemResults cp;
-    const auto job = [&](Communicator& comm) {
-      CpStats mine;
-      ProblemResults whole = run_context_parallel(comm, data, {strategy}, true, mine);
-      if (comm.rank() == 0) stats = mine, cp = std::move(whole);
-    };
-    if (mpi) {
-      job(*world);
-    } else {
-      run_in_process(ranks, [&](Communicator& comm) {
-        omp_set_num_threads(std::max(1, options.threads / ranks));
-        job(comm);
-      });
-    }
+    run_one(strategy, stats, cp);
     if (!printer) continue;
     double error = 0;
     for (auto field : {&ProblemResults::o, &ProblemResults::final_state, &ProblemResults::dq,
@@ -209,11 +202,39 @@ bool run_strategies(const RunOptions& options, Communicator* world, const Proble
     const std::string name = strategy == stats.strategy
                                  ? std::string(strategy_name(strategy))
                                  : fmt::format("auto: {}", strategy_name(stats.strategy));
-    fmt::print("{:<19}{:>10.1f}{:>14.1f}{:>14.0f}{:>14.2f}{:>13.2e}\n", name,
+    fmt::print("{:<19}{:>10.3f}{:>14.3f}{:>14.0f}{:>14.2f}{:>13.2e}\n", name,
                stats.forward_seconds * 1e3, stats.total_seconds * 1e3, tokens / stats.total_seconds,
                static_cast<double>(stats.bytes_sent) * 1e-6, error);
   }
   return ok;
+}
+
+// On the CPU: in-process ranks (or the MPI processes).
+StrategyRun cpu_strategy_run(const RunOptions& options, Communicator* world,
+                             const ProblemData& data) {
+  return [&options, world, &data](Strategy strategy, CpStats& stats, ProblemResults& cp) {
+    const auto job = [&](Communicator& comm) {
+      CpStats mine;
+      ProblemResults whole = run_context_parallel(comm, data, {strategy}, true, mine);
+      if (comm.rank() == 0) stats = mine, cp = std::move(whole);
+    };
+    if (world) {
+      job(*world);
+    } else {
+      run_in_process(options.ranks, [&](Communicator& comm) {
+        omp_set_num_threads(std::max(1, options.threads / options.ranks));
+        job(comm);
+      });
+    }
+  };
+}
+
+// On GPUs (run_cp_on_cuda), the training path: the forward keeps its states for the backward.
+StrategyRun cuda_strategy_run(const RunOptions& options, Communicator* world,
+                              const ProblemData& data) {
+  return [&options, world, &data](Strategy strategy, CpStats& stats, ProblemResults& cp) {
+    cp = run_cp_on_cuda(data, options.ranks, world, {strategy, false, true}, true, 3, stats);
+  };
 }
 
 // The single-rank pass: time forward and backward, check key head 0 against the float64
@@ -246,30 +267,45 @@ bool run_single_rank(const Problem& p, ProblemData& data, ProblemResults& result
 }
 
 // The op on the GPU: forward and backward timed by CUDA events after a warm-up, checked like the
-// single-rank pass (bf16 tolerance).
-bool run_cuda(Problem p) {
+// single-rank pass (bf16 tolerance); then, with ranks, context parallel on GPUs against it.
+bool run_cuda(const RunOptions& options, Communicator* world) {
+  Problem p = options.problem;
   if (p.dtype == DType::f32) p.dtype = DType::bf16;
-  fmt::print("gdn run --device cuda: B={} T={} HK={} HV={} K={} V={}, {}, chunk {}, seed {}\n", p.B,
-             p.T, p.HK, p.HV, p.K, p.V, dtype_name(p.dtype), p.chunk_size, p.seed);
+  const bool printer = !world || world->rank() == 0;
+  if (printer)
+    fmt::print("gdn run --device cuda: B={} T={} HK={} HV={} K={} V={}, {}, chunk {}, seed {}\n",
+               p.B, p.T, p.HK, p.HV, p.K, p.V, dtype_name(p.dtype), p.chunk_size, p.seed);
   ProblemData data = generate(p);
   CudaTimes times;
   const ProblemResults results = run_on_cuda(data, true, times);
-  const double flops = forward_flops(p), tokens = static_cast<double>(p.B * p.T);
-  fmt::print("\n{:<18}{:>12}{:>14}{:>12}\n", "pass", "time (ms)", "tokens/s", "TFLOP/s");
-  for (const auto& [pass, ms, pass_flops] :
-       {std::tuple{"forward", times.forward_ms, flops},
-        std::tuple{"backward", times.backward_ms, 3 * flops},
-        std::tuple{"forward+backward", times.forward_ms + times.backward_ms, 4 * flops}})
-    fmt::print("{:<18}{:>12.3f}{:>14.0f}{:>12.2f}\n", pass, ms, tokens / ms * 1e3,
-               pass_flops / ms * 1e-9);
-  fmt::print("\nrelative error against the float64 recurrence, key head 0:\n");
-  double max_error = 0;
-  for (const Check& c : check_first_head(p, data, results)) {
-    fmt::print("  {:<14}{:.2e}\n", c.name, c.error);
-    if (std::isnan(c.error) || c.error > max_error) max_error = c.error;
+  bool ok = true;
+  if (printer) {
+    const double flops = forward_flops(p), tokens = static_cast<double>(p.B * p.T);
+    fmt::print("\n{:<18}{:>12}{:>14}{:>12}\n", "pass", "time (ms)", "tokens/s", "TFLOP/s");
+    for (const auto& [pass, ms, pass_flops] :
+         {std::tuple{"forward", times.forward_ms, flops},
+          std::tuple{"backward", times.backward_ms, 3 * flops},
+          std::tuple{"forward+backward", times.forward_ms + times.backward_ms, 4 * flops}})
+      fmt::print("{:<18}{:>12.3f}{:>14.0f}{:>12.2f}\n", pass, ms, tokens / ms * 1e3,
+                 pass_flops / ms * 1e-9);
+    fmt::print("\nrelative error against the float64 recurrence, key head 0:\n");
+    double max_error = 0;
+    for (const Check& c : check_first_head(p, data, results)) {
+      fmt::print("  {:<14}{:.2e}\n", c.name, c.error);
+      if (std::isnan(c.error) || c.error > max_error) max_error = c.error;
+    }
+    ok = max_error <= 2e-2;
+    fmt::print("  {:<14}{:.2e}  (tolerance 2e-02: {})\n", "max", max_error, ok ? "ok" : "FAILED");
   }
-  const bool ok = max_error <= 2e-2;
-  fmt::print("  {:<14}{:.2e}  (tolerance 2e-02: {})\n", "max", max_error, ok ? "ok" : "FAILED");
+  if (world || options.ranks > 1) {
+    const std::string where = world                             ? "MPI processes, a GPU each"
+                              : one_gpu_per_rank(options.ranks) ? "GPUs (NCCL)"
+                                                                : "virtual ranks on one GPU";
+    // Against the single-GPU op: within its bf16 tolerance (test_cuda_cp says why not bitwise).
+    ok = run_strategies(options, world, results, 2e-2, where,
+                        cuda_strategy_run(options, world, data)) &&
+         ok;
+  }
   return ok;
 }
 
@@ -280,7 +316,7 @@ int run(const RunOptions& options) {
   omp_set_num_threads(options.threads);
   std::unique_ptr<Communicator> world = launched_by_mpirun() ? mpi_world() : nullptr;
   if (options.layer) return run_layer_job(options, world.get()) ? 0 : 1;
-  if (options.device == "cuda") return run_cuda(p) ? 0 : 1;
+  if (options.device == "cuda") return run_cuda(options, world.get()) ? 0 : 1;
   const bool printer = !world || world->rank() == 0;
   if (printer)
     fmt::print(
@@ -294,7 +330,10 @@ int run(const RunOptions& options) {
   const double tolerance = p.dtype == DType::f32 ? 1e-4 : 2e-2;
   bool ok = !printer || run_single_rank(p, data, results, tolerance);
   if (world || options.ranks > 1)
-    ok = run_strategies(options, world.get(), data, results, tolerance) && ok;
+    ok = run_strategies(options, world.get(), results, tolerance,
+                        world ? "MPI processes" : "in-process ranks",
+                        cpu_strategy_run(options, world.get(), data)) &&
+         ok;
   if (ok) return 0;
   if (printer)
     fmt::print(stderr, "gdn: error: a relative error exceeds the tolerance {:.0e}\n", tolerance);
