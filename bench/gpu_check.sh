@@ -3,7 +3,7 @@
 # sanitizers, a per-kernel profile at B=1 T=65536, then bench_cuda, flash-linear-attention's and
 # transformers' timings and bench_cuda again (so gdn and its peers share the run). Logs go to
 # $OUT (or ./gpu-logs).
-# Stages: test, sanitize, profile, stalls, bench (default: all but stalls, in that order).
+# Stages: test, cp, cp-sanitize, profile, stalls, bench (default: test sanitize profile bench).
 set -uo pipefail
 out="${OUT:-$PWD/gpu-logs}"
 mkdir -p "$out"
@@ -17,6 +17,27 @@ for stage in $stages; do
       .device/test_cuda_wgmma 2>&1 | grep -E "OK|FAILED|Failure|first value|PASSED"
       .device/test_cuda_delta_rule >"$out/test.log" 2>&1
       grep -E "errors|FAILED|Failure|PASSED" "$out/test.log" | tail -30 ;;
+    cp)  # context parallelism on virtual ranks, the device communicators, the CLI lines
+      .device/test_comm_gpu 2>&1 | grep -E "OK|FAILED|PASSED"
+      [ -x .device/test_comm_nccl ] && .device/test_comm_nccl 2>&1 | grep -E "OK \]|SKIPPED \]|FAILED|PASSED"
+      .device/test_cuda_cp >"$out/cp.log" 2>&1
+      grep -E "^\[ cp|FAILED|PASSED" "$out/cp.log" | sed -E 's/ \(error vs.*from 1 GPU\)//' | tail -80
+      .device/gdn run --device cuda -T 16384 --ranks 4 --strategy all 2>&1 | tail -24 | tee "$out/run.log"
+      python3 bench/make_op_input.py write "$out/in.st" 8192 --varlen
+      .device/gdn op "$out/in.st" "$out/one.st" --l2norm --device cuda
+      for s in relay scan ulysses; do
+        .device/gdn op "$out/in.st" "$out/cp.st" --l2norm --device cuda --ranks 4 --strategy $s &&
+          echo "gdn op --ranks 4 --strategy $s against one GPU:" &&
+          python3 bench/make_op_input.py compare "$out/cp.st" "$out/one.st" | tail -1
+      done
+      rm -f "$out"/*.st ;;
+    cp-sanitize)
+      timeout 250 compute-sanitizer --tool memcheck .device/test_cuda_cp \
+        --gtest_filter='*/varlen_*_P4:*/T3000_relay_P3:*/B2_scan_P4' 2>&1 |
+        tee "$out/cp-memcheck.log" | grep -E "ERROR SUMMARY|PASSED|FAILED"
+      timeout 250 compute-sanitizer --tool racecheck .device/test_cuda_cp \
+        --gtest_filter='*/varlen_scan_P2:*/T3072_summary_allgather_P3' 2>&1 |
+        tee "$out/cp-racecheck.log" | grep -E "RACECHECK SUMMARY|PASSED|FAILED" ;;
     sanitize)
       timeout 200 compute-sanitizer --tool memcheck .device/test_cuda_delta_rule \
         --gtest_filter='*Varlen*:*GroupedHeads/4*:*F16*:*Reuses*' 2>&1 | tee "$out/memcheck.log" |
@@ -45,6 +66,7 @@ for stage in $stages; do
       PYTHONUNBUFFERED=1 python3 bench/transformers_peer.py 2>&1 | tail -6 |
         tee "$out/transformers.log"
       .device/bench_cuda | tee "$out/bench2.log" ;;
-    *) echo "gpu_check: unknown stage $stage (test, sanitize, profile, stalls, bench)"; exit 2 ;;
+    *) echo "gpu_check: unknown stage $stage (test, cp, cp-sanitize, sanitize, profile, stalls, bench)"
+       exit 2 ;;
   esac
 done

@@ -2,11 +2,14 @@
 // and backward with device memory end to end, against the float64 recurrence (the single-GPU
 // op's tolerances) and against the single-GPU op itself. Skips without a GPU.
 //
-// Why not bitwise equal to the single-GPU op: the chunk passes round the state to bf16 as a
+// Why not within 1e-5 of the single-GPU op: its chunk passes round the state to bf16 as a
 // tensor-core operand, so a state that enters a chunk through a composed map (M x + N in f32)
-// differs from one carried chunk by chunk in the last bf16 bits; the single-GPU op itself cuts
-// a sequence into segments that it composes the same way. Both are within the op's error of the
-// float64 recurrence; the test prints the difference between them.
+// differs in its last bf16 bits from one carried chunk by chunk, and the difference spreads to
+// every output at the size of the op's own error. The single-GPU op does the same where it cuts
+// a sequence into segments, so it differs from itself as much when its segments move (Ulysses
+// runs it on fewer heads, so with other segments: 2e-3..5e-3 from the whole). So the test holds
+// the context-parallel result to the op's tolerance against float64 and to within 30% of the
+// single-GPU op's own error there, and prints the difference from the single-GPU result.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -27,8 +30,7 @@ namespace {
 
 constexpr double kOutputTolerance = 8e-3;  // test_cuda_delta_rule's, against float64
 constexpr double kGradTolerance = 1.5e-2;
-// Against the single-GPU op: a fraction of the op's own error (see the top of the file).
-constexpr double kSingleGpuTolerance = 4e-3;
+constexpr double kSlack = 1.3;  // against float64: at most this times the single-GPU op's error
 
 // The outputs and gradients of a problem in device memory, and their host copies.
 struct DeviceResults {
@@ -154,9 +156,9 @@ ProblemResults run_cp(const Reference& ref, int ranks, CpOptions options) {
   return whole;
 }
 
-std::string fmt_item(const char* name, double err, double diff) {
-  char buf[96];
-  std::snprintf(buf, sizeof buf, " %s %.2e/%.1e", name, err, diff);
+std::string fmt_item(const char* name, double err, double single, double diff) {
+  char buf[128];
+  std::snprintf(buf, sizeof buf, " %s %.2e/%.2e/%.1e", name, err, single, diff);
   return buf;
 }
 
@@ -180,13 +182,14 @@ double check(const Reference& ref, const ProblemResults& got, const std::string&
   for (const Item& item : items) {
     if ((ref.f64.*item.field).bytes.empty()) continue;
     const double err = relative_error((got.*item.field).ref(), (ref.f64.*item.field).ref());
+    const double single = relative_error((ref.gpu.*item.field).ref(), (ref.f64.*item.field).ref());
     const double diff = relative_error((got.*item.field).ref(), (ref.gpu.*item.field).ref());
     worst = std::max(worst, diff);
-    line += fmt_item(item.name, err, diff);
+    line += fmt_item(item.name, err, single, diff);
     EXPECT_LE(err, item.tol) << what << ": " << item.name;
-    EXPECT_LE(diff, kSingleGpuTolerance) << what << ": " << item.name;
+    EXPECT_LE(err, kSlack * single) << what << ": " << item.name;
   }
-  std::printf("[ cp       ] %s (error vs f64 / difference vs 1 GPU):%s\n", what.c_str(),
+  std::printf("[ cp       ] %s (error vs f64, 1 GPU's, difference from 1 GPU):%s\n", what.c_str(),
               line.c_str());
   return worst;
 }
