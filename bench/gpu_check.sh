@@ -3,7 +3,7 @@
 # sanitizers, a per-kernel profile at B=1 T=65536, then bench_cuda, flash-linear-attention's and
 # transformers' timings and bench_cuda again (so gdn and its peers share the run). Logs go to
 # $OUT (or ./gpu-logs).
-# Stages: test, cp, cp-sanitize, profile, stalls, bench (default: test sanitize profile bench).
+# Stages: test, cp, cp-bench, cp-sanitize, profile, stalls, bench (default: test sanitize profile bench).
 set -uo pipefail
 out="${OUT:-$PWD/gpu-logs}"
 mkdir -p "$out"
@@ -31,6 +31,8 @@ for stage in $stages; do
           python3 bench/make_op_input.py compare "$out/cp.st" "$out/one.st" | tail -1
       done
       rm -f "$out"/*.st ;;
+    cp-bench)  # a rank's stages against the single-GPU op (the cost model's GPU constants)
+      .device/bench_cuda_cp | tee "$out/cp-bench.log" ;;
     cp-sanitize)
       timeout 250 compute-sanitizer --tool memcheck .device/test_cuda_cp \
         --gtest_filter='*/varlen_*_P4:*/T3000_relay_P3:*/B2_scan_P4' 2>&1 |
@@ -66,7 +68,7 @@ for stage in $stages; do
       PYTHONUNBUFFERED=1 python3 bench/transformers_peer.py 2>&1 | tail -6 |
         tee "$out/transformers.log"
       .device/bench_cuda | tee "$out/bench2.log" ;;
-    *) echo "gpu_check: unknown stage $stage (test, cp, cp-sanitize, sanitize, profile, stalls, bench)"
+    *) echo "gpu_check: unknown stage $stage (test, cp, cp-bench, cp-sanitize, sanitize, profile, stalls, bench)"
        exit 2 ;;
   esac
 done

@@ -9,8 +9,8 @@ cmake -S . -B build-gpu -G Ninja -DGDN_NATIVE=OFF -DGDN_MPI=OFF -DGDN_BUILD_BENC
 tests="test_cuda_delta_rule test_cuda_l2norm test_cuda_wgmma test_cuda_cp test_comm_gpu"
 [ -f build-gpu/build.ninja ] && grep -q "^build tests/test_comm_nccl" build-gpu/build.ninja &&
   tests="$tests test_comm_nccl"
-ninja -C build-gpu gdn $tests bench_cuda
+ninja -C build-gpu gdn $tests bench_cuda bench_cuda_cp
 mkdir -p .device
 cp build-gpu/gdn $(for t in $tests; do echo build-gpu/tests/$t; done) \
-  build-gpu/bench/bench_cuda .device/
+  build-gpu/bench/bench_cuda build-gpu/bench/bench_cuda_cp .device/
 for lib in libfmt.so.9 libgomp.so.1; do cp "$(ldconfig -p | awk -v l=$lib '$1 == l {print $NF; exit}')" .device/; done
