@@ -31,5 +31,21 @@ TEST(CostModel, OneRankIsTheLocalPass) {
   EXPECT_EQ(cp::predicted_seconds(Strategy::relay, p), cp::predicted_seconds(Strategy::scan, p));
 }
 
+// On GPUs (constants of the H200): the state hop is cheap next to the output pass, so a summary
+// strategy beats the relay from P = 2 on, and one GPU's prediction is the single-GPU op's.
+TEST(CostModel, GpuPrefersSummariesOverTheRelay) {
+  for (int P : {2, 4, 8, 64}) {
+    const cp::ShardPlan p = plan(P, 1, 131072);
+    const Strategy s = cp::choose_strategy(p, Memory::device);
+    EXPECT_NE(s, Strategy::relay) << P;
+    EXPECT_NE(s, Strategy::ulysses) << P;  // HK = 1 does not divide
+    EXPECT_LT(cp::predicted_gpu_seconds(s, p, true),
+              cp::predicted_gpu_seconds(Strategy::relay, p, true));
+  }
+  const cp::ShardPlan one = plan(1, 16, 65536);
+  EXPECT_EQ(cp::predicted_gpu_seconds(Strategy::scan, one, true),
+            cp::single_gpu_seconds(one, true));
+}
+
 }  // namespace
 }  // namespace gdn

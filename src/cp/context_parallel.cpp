@@ -92,8 +92,9 @@ void CpDeltaRule::forward(const DeltaRuleInputs& shard, const DeltaRuleOutputs& 
   saved->plan = cp::plan_shard(comm_, *backend_, host_view, checked_T_);
   const cp::ShardPlan& plan = saved->plan;
   validate_outputs(user_shape(plan), out);
-  saved->strategy =
-      options_.strategy == Strategy::automatic ? cp::choose_strategy(plan) : options_.strategy;
+  saved->strategy = options_.strategy == Strategy::automatic
+                        ? cp::choose_strategy(plan, backend_->memory())
+                        : options_.strategy;
   const int rank = plan.rank, last = plan.ranks - 1;
   if (saved->strategy == Strategy::ulysses) {
     cp::ulysses_forward(comm_, *backend_, plan, shard, out);

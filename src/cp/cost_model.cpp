@@ -55,10 +55,98 @@ double predicted_seconds(Strategy strategy, const ShardPlan& plan) {
   return std::numeric_limits<double>::infinity();
 }
 
-Strategy choose_strategy(const ShardPlan& plan) {
+namespace {
+
+// Measured on one H200 with bench/bench_cuda_cp (bench/RESULTS.md, "GPU CP cost model"): each
+// stage's time as alpha + beta n for a shard of n tokens at B = 1, HV = 32 (beta scales with
+// B HV / 32), K = V = 128, bf16.
+struct Stage {
+  double alpha_ms, beta_ns;  // fixed, and per token
+  double seconds(double tokens) const { return alpha_ms * 1e-3 + beta_ns * 1e-9 * tokens; }
+};
+constexpr Stage kBeforeForward{0.132, 31.53};
+constexpr Stage kAfterForward{0.073, 14.37};
+constexpr Stage kAfterForwardSaving{0.075, 20.38};
+constexpr Stage kBeforeBackward{0.049, 11.36};
+constexpr Stage kAfterBackward{0.112, 100.37};
+constexpr Stage kSingleForward{0.077, 37.49};
+constexpr Stage kSingleTraining{0.168, 155.13};
+constexpr double kApplySeconds = 0.036e-3;    // y: HV = 32 maps applied
+constexpr double kComposeSeconds = 0.065e-3;  // c: HV = 32 maps composed
+// NCCL on 2 x H200 over NVLink (research/context-parallel.md): a 2 MiB state one way in about
+// 36 us, 345 GB/s point to point, 534 GB/s all-to-all.
+constexpr double kGpuMessageSeconds = 30e-6;
+constexpr double kGpuBytesPerSecond = 345e9;
+constexpr double kGpuAllToAllBytesPerSecond = 534e9;
+
+// Tokens of the shard in units of the constants' 32 value heads of one batch row.
+double scaled_tokens(const ShardPlan& plan) {
+  const DeltaRuleShape& s = plan.shape;
+  const double size = static_cast<double>(s.K * s.V) / (128.0 * 128.0);
+  return static_cast<double>(s.B * s.T) * static_cast<double>(s.HV) / 32.0 * size;
+}
+
+}  // namespace
+
+double predicted_gpu_seconds(Strategy strategy, const ShardPlan& plan, bool training) {
+  const DeltaRuleShape& s = plan.shape;
+  const double P = plan.ranks, n = scaled_tokens(plan), a = kGpuMessageSeconds;
+  const double b = kGpuBytesPerSecond;
+  const double state = static_cast<double>(plan.carried_size()) * sizeof(float);
+  const double matrices = state * static_cast<double>(s.K) / static_cast<double>(s.V);
+  const double heads = static_cast<double>(plan.chains * s.HV) / 32.0;
+  const double y = kApplySeconds * heads, c = kComposeSeconds * heads;
+  const double hop = a + state / b, rounds = std::ceil(std::log2(P));
+  if (plan.ranks == 1) return single_gpu_seconds(plan, training);
+  // One direction's critical path from its `before` and `after` stages.
+  const auto path = [&](double before, double after) {
+    switch (strategy) {
+      case Strategy::relay:
+        return before + P * after + (P - 1) * hop;
+      case Strategy::summary_chain:
+        return before + (P - 1) * (hop + y) + after;
+      case Strategy::summary_allgather:
+        return before + a + (P - 1) * ((state + matrices) / b + y) + after;
+      case Strategy::scan:
+        return before + rounds * (a + (state + matrices) / b + c) + hop + after;
+      default:
+        return std::numeric_limits<double>::infinity();
+    }
+  };
+  if (strategy == Strategy::ulysses) {
+    if (s.HK % plan.ranks != 0 || s.HV % plan.ranks != 0)
+      return std::numeric_limits<double>::infinity();
+    // Forward: q, k, v, beta in bf16 and g in f32 to the head shards, o back; backward: those
+    // and dO again, dq, dk, dv, dbeta and dg back; (P - 1) / P of the shard's bytes each time.
+    const double inputs =
+        2.0 * static_cast<double>(2 * s.HK * s.K + s.HV * s.V) + 6.0 * static_cast<double>(s.HV);
+    const double o = 2.0 * static_cast<double>(s.HV * s.V);
+    const auto exchange = [&](double token_bytes) {
+      return 2 * a + token_bytes * static_cast<double>(s.B * s.T) * (P - 1) / P /
+                         kGpuAllToAllBytesPerSecond;
+    };
+    if (!training) return kSingleForward.seconds(n) + exchange(inputs + o);
+    return kSingleTraining.seconds(n) + exchange(inputs + o) + exchange(2 * inputs + 2 * o);
+  }
+  const double forward =
+      path(kBeforeForward.seconds(n), (training ? kAfterForwardSaving : kAfterForward).seconds(n));
+  if (!training) return forward;
+  return forward + path(kBeforeBackward.seconds(n), kAfterBackward.seconds(n));
+}
+
+double single_gpu_seconds(const ShardPlan& plan, bool training) {
+  const double n = scaled_tokens(plan) * plan.ranks;
+  return (training ? kSingleTraining : kSingleForward).seconds(n);
+}
+
+Strategy choose_strategy(const ShardPlan& plan, Memory memory) {
+  const auto predicted = [&](Strategy s) {
+    return memory == Memory::host ? predicted_seconds(s, plan)
+                                  : predicted_gpu_seconds(s, plan, false);
+  };
   Strategy best = Strategy::relay;
   for (Strategy s : all_strategies())
-    if (predicted_seconds(s, plan) < predicted_seconds(best, plan)) best = s;
+    if (predicted(s) < predicted(best)) best = s;
   return best;
 }
 
