@@ -68,7 +68,8 @@ class Backend {
   virtual Buffer allocate(std::size_t bytes) = 0;  // zero-filled
   // Copies within the backend's memory or from or to the host (cudaMemcpyDefault on a device).
   virtual void copy(void* dst, const void* src, std::size_t bytes) = 0;
-  // `height` rows of `width` bytes, rows `dst_pitch` and `src_pitch` bytes apart.
+  // `height` rows of `width` bytes, rows `dst_pitch` and `src_pitch` bytes apart, both in the
+  // backend's memory.
   virtual void copy_2d(void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch,
                        std::size_t width, std::size_t height) = 0;
   // A host copy of a small tensor (cu_seqlens); a device backend waits for it.

@@ -59,20 +59,20 @@ namespace {
 
 // Measured on one H200 with bench/bench_cuda_cp (bench/RESULTS.md, "GPU CP cost model"): each
 // stage's time as alpha + beta n for a shard of n tokens at B = 1, HV = 32 (beta scales with
-// B HV / 32), K = V = 128, bf16.
+// B HV / 32), K = V = 128, bf16, fitted through n = 8192 and 131072 (within 1% at 16384-65536).
 struct Stage {
   double alpha_ms, beta_ns;  // fixed, and per token
   double seconds(double tokens) const { return alpha_ms * 1e-3 + beta_ns * 1e-9 * tokens; }
 };
-constexpr Stage kBeforeForward{0.132, 31.53};
-constexpr Stage kAfterForward{0.073, 14.37};
-constexpr Stage kAfterForwardSaving{0.075, 20.38};
-constexpr Stage kBeforeBackward{0.049, 11.36};
-constexpr Stage kAfterBackward{0.112, 100.37};
-constexpr Stage kSingleForward{0.077, 37.49};
-constexpr Stage kSingleTraining{0.168, 155.13};
-constexpr double kApplySeconds = 0.036e-3;    // y: HV = 32 maps applied
-constexpr double kComposeSeconds = 0.065e-3;  // c: HV = 32 maps composed
+constexpr Stage kBeforeForward{0.183, 27.33};
+constexpr Stage kAfterForward{0.107, 10.86};
+constexpr Stage kAfterForwardSaving{0.101, 16.89};
+constexpr Stage kBeforeBackward{0.059, 9.74};
+constexpr Stage kAfterBackward{0.117, 97.37};
+constexpr Stage kSingleForward{0.082, 37.52};
+constexpr Stage kSingleTraining{0.161, 155.75};
+constexpr double kApplySeconds = 0.035e-3;    // y: HV = 32 maps applied
+constexpr double kComposeSeconds = 0.064e-3;  // c: HV = 32 maps composed
 // NCCL on 2 x H200 over NVLink (research/context-parallel.md): a 2 MiB state one way in about
 // 36 us, 345 GB/s point to point, 534 GB/s all-to-all.
 constexpr double kGpuMessageSeconds = 30e-6;

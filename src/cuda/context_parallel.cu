@@ -67,11 +67,10 @@ class CudaBackend final : public cp::Backend {
   void copy(void* dst, const void* src, std::size_t bytes) override {
     if (bytes) GDN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_));
   }
+  // Both buffers on the device (Ulysses' packing): a copy kernel.
   void copy_2d(void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch,
                std::size_t width, std::size_t height) override {
-    if (width && height)
-      GDN_CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, height,
-                                       cudaMemcpyDefault, stream_));
+    cuda::launch_copy_2d(dst, dst_pitch, src, src_pitch, width, height, stream_);
   }
   HostTensor to_host(const TensorRef& t) override {
     HostTensor h = HostTensor::zeros(t.dtype, t.shape);

@@ -47,6 +47,9 @@ void launch_fold(const Params& p, Fold fold, cudaStream_t stream);
 void launch_affine(int count, const float* M, bool transpose, const float* X, const float* C,
                    float* Y, cudaStream_t stream);
 void launch_transpose(int count, float* M, cudaStream_t stream);
+// `height` rows of `width` bytes between device buffers, rows the pitches apart.
+void launch_copy_2d(void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch,
+                    std::size_t width, std::size_t height, cudaStream_t stream);
 // Per (chunk, key head), looping over its value heads: dv, dg, dbeta per value head; dq, dk
 // summed over the group and back through the l2norm.
 template <typename In>
