@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/message_of.h"
 #include "gdn/communicator.h"
 #include "gdn/error.h"
 
@@ -31,16 +32,6 @@ struct Message {
 };
 
 using Clock = std::chrono::steady_clock;
-
-inline std::string message_of(const std::exception_ptr& error) {
-  try {
-    std::rethrow_exception(error);
-  } catch (const std::exception& e) {
-    return e.what();
-  } catch (...) {
-    return "unknown exception";
-  }
-}
 
 struct Hub {
   Hub(int ranks, Timeout t) : size(ranks), timeout(t), mailboxes(ranks * ranks), returned(ranks) {}

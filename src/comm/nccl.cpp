@@ -34,6 +34,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/message_of.h"
 #include "comm/nccl.h"
 #include "cuda/check.h"
 #include "gdn/error.h"
@@ -59,16 +60,6 @@ void check_nccl(ncclResult_t status, const char* expression, const char* file, i
     throw Error(fmt::format("{} failed at {}:{}: {}", expression, file, line, nccl_error(status)));
 }
 #define GDN_NCCL_CHECK(expr) check_nccl((expr), #expr, __FILE__, __LINE__)
-
-std::string message_of(const std::exception_ptr& error) {
-  try {
-    std::rethrow_exception(error);
-  } catch (const std::exception& e) {
-    return e.what();
-  } catch (...) {
-    return "unknown exception";
-  }
-}
 
 // " with rank 1", " with ranks 0, 2": the peers an operation waits for, for its errors.
 std::string with_peers(const std::vector<int>& peers) {
@@ -462,7 +453,7 @@ struct Local {
     if (error && !first_error) {
       first_error = error;
       failed_rank = r;
-      failure = message_of(error);
+      failure = comm::message_of(error);
       for (Nccl* comm : live)
         if (comm) abort(*comm);
     }

@@ -71,24 +71,11 @@ __global__ void __launch_bounds__(affine::kThreads) fold_kernel(Params p) {
 }  // namespace
 
 void launch_fold(const Params& p, Fold fold, cudaStream_t stream) {
-  const dim3 grid(p.HV, p.N, kD / affine::kSlice);
-  switch (fold) {
-    case Fold::states:
-      fold_kernel<Fold::states><<<grid, affine::kThreads, 0, stream>>>(p);
-      break;
-    case Fold::grad_states:
-      fold_kernel<Fold::grad_states><<<grid, affine::kThreads, 0, stream>>>(p);
-      break;
-    case Fold::map_offset:
-      fold_kernel<Fold::map_offset><<<grid, affine::kThreads, 0, stream>>>(p);
-      break;
-    case Fold::map_transfer:
-      fold_kernel<Fold::map_transfer><<<grid, affine::kThreads, 0, stream>>>(p);
-      break;
-    case Fold::grad_offset:
-      fold_kernel<Fold::grad_offset><<<grid, affine::kThreads, 0, stream>>>(p);
-      break;
-  }
+  constexpr void (*kKernels[])(Params) = {
+      fold_kernel<Fold::states>, fold_kernel<Fold::grad_states>, fold_kernel<Fold::map_offset>,
+      fold_kernel<Fold::map_transfer>, fold_kernel<Fold::grad_offset>};
+  kKernels[static_cast<int>(
+      fold)]<<<dim3(p.HV, p.N, kD / affine::kSlice), affine::kThreads, 0, stream>>>(p);
   GDN_CUDA_CHECK_LAUNCH();
 }
 
