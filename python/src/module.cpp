@@ -1,0 +1,209 @@
+// gdn._gdn: the op on DLPack tensors (torch, numpy, ...), CPU or CUDA by where q lives. The
+// Python package (gdn/ops.py) allocates outputs and workspaces and calls these; every argument
+// check is the library's (gdn::Error, raised as ValueError naming the argument).
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "gdn/delta_rule.h"
+#include "gdn/error.h"
+#ifdef GDN_PYTHON_CUDA
+#include "gdn/cuda.h"
+#endif
+
+namespace nb = nanobind;
+
+namespace {
+
+using Array = nb::ndarray<nb::c_contig>;
+using Optional = std::optional<Array>;
+
+gdn::DType dtype_of(const Array& a, const char* name) {
+  const nb::dlpack::dtype t = a.dtype();
+  using Code = nb::dlpack::dtype_code;
+  if (t.lanes == 1) {
+    if (t.code == static_cast<std::uint8_t>(Code::Float) && t.bits == 64) return gdn::DType::f64;
+    if (t.code == static_cast<std::uint8_t>(Code::Float) && t.bits == 32) return gdn::DType::f32;
+    if (t.code == static_cast<std::uint8_t>(Code::Float) && t.bits == 16) return gdn::DType::f16;
+    if (t.code == static_cast<std::uint8_t>(Code::Bfloat) && t.bits == 16) return gdn::DType::bf16;
+    if (t.code == static_cast<std::uint8_t>(Code::Int) && t.bits == 64) return gdn::DType::i64;
+    if (t.code == static_cast<std::uint8_t>(Code::Int) && t.bits == 32) return gdn::DType::i32;
+  }
+  throw gdn::Error(std::string(name) + ": unsupported dtype (expected f64, f32, f16, bf16, i64 or i32)");
+}
+
+gdn::TensorRef ref(const Array& a, const char* name) {
+  gdn::TensorRef t;
+  t.data = a.data();
+  t.dtype = dtype_of(a, name);
+  for (std::size_t i = 0; i < a.ndim(); ++i) t.shape.push_back(static_cast<std::int64_t>(a.shape(i)));
+  if (t.data == nullptr && t.numel() == 0) t.data = reinterpret_cast<void*>(std::uintptr_t{256});
+  return t;
+}
+
+gdn::TensorRef ref(const Optional& a, const char* name) {
+  return a ? ref(*a, name) : gdn::TensorRef{};
+}
+
+// Where the op runs: every tensor on q's device.
+bool on_cuda(const Array& q, std::initializer_list<std::pair<const Optional*, const char*>> others) {
+  const bool cuda = q.device_type() == nb::device::cuda::value;
+  if (!cuda && q.device_type() != nb::device::cpu::value)
+    throw gdn::Error("q: the op runs on the CPU or a CUDA GPU, got another device");
+  for (const auto& [t, name] : others)
+    if (*t && ((*t)->device_type() != q.device_type() || (*t)->device_id() != q.device_id()))
+      throw gdn::Error(std::string(name) + " must be on q's device");
+  return cuda;
+}
+
+gdn::DeltaRuleInputs inputs(const Array& q, const Array& k, const Array& v, const Array& g,
+                            const Array& beta, const Optional& initial_state,
+                            const Optional& cu_seqlens, double scale, bool use_qk_l2norm) {
+  gdn::DeltaRuleInputs in;
+  in.q = ref(q, "q");
+  in.k = ref(k, "k");
+  in.v = ref(v, "v");
+  in.g = ref(g, "g");
+  in.beta = ref(beta, "beta");
+  in.initial_state = ref(initial_state, "initial_state");
+  in.cu_seqlens = ref(cu_seqlens, "cu_seqlens");
+  in.scale = scale;
+  in.use_qk_l2norm = use_qk_l2norm;
+  return in;
+}
+
+gdn::Method method_of(const std::string& name) {
+  if (name == "chunked") return gdn::Method::chunked;
+  if (name == "recurrent") return gdn::Method::recurrent;
+  throw gdn::Error("method must be \"chunked\" or \"recurrent\", got \"" + name + "\"");
+}
+
+#ifdef GDN_PYTHON_CUDA
+gdn::CudaContext context(std::uintptr_t stream, const Optional& workspace,
+                         const Optional& cu_seqlens_host) {
+  gdn::CudaContext ctx;
+  ctx.stream = reinterpret_cast<CUstream_st*>(stream);
+  if (workspace) {
+    ctx.workspace = workspace->data();
+    ctx.workspace_bytes = workspace->nbytes();
+  }
+  ctx.cu_seqlens_host = ref(cu_seqlens_host, "cu_seqlens_host");
+  return ctx;
+}
+#endif
+
+[[noreturn]] void no_cuda() {
+  throw gdn::Error("q is on a CUDA device but gdn was built without CUDA");
+}
+
+}  // namespace
+
+NB_MODULE(_gdn, m) {
+  m.doc() = "The gated delta rule (gdn) on DLPack tensors: the low-level calls of gdn.ops.";
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const gdn::Error& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    }
+  });
+#ifdef GDN_PYTHON_CUDA
+  m.attr("has_cuda") = true;
+#else
+  m.attr("has_cuda") = false;
+#endif
+
+  m.def(
+      "workspace_bytes",
+      [](const Array& q, const Array& k, const Array& v, const Array& g, const Array& beta,
+         const Optional& initial_state, const Optional& cu_seqlens, const Optional& cu_seqlens_host,
+         bool backward) -> std::size_t {
+        const gdn::DeltaRuleInputs in =
+            inputs(q, k, v, g, beta, initial_state, cu_seqlens, 0, false);
+        if (!on_cuda(q, {{&initial_state, "initial_state"}, {&cu_seqlens, "cu_seqlens"}}))
+          return 0;
+#ifdef GDN_PYTHON_CUDA
+        const gdn::TensorRef host = ref(cu_seqlens_host, "cu_seqlens_host");
+        return backward ? gdn::delta_rule_backward_cuda_workspace(in, host)
+                        : gdn::delta_rule_forward_cuda_workspace(in, host);
+#else
+        (void)cu_seqlens_host, (void)backward;
+        no_cuda();
+#endif
+      },
+      nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g"), nb::arg("beta"),
+      nb::arg("initial_state").none(), nb::arg("cu_seqlens").none(),
+      nb::arg("cu_seqlens_host").none(), nb::arg("backward"),
+      "Device workspace bytes of a forward or backward on CUDA (0 on the CPU).");
+
+  m.def(
+      "forward",
+      [](const Array& q, const Array& k, const Array& v, const Array& g, const Array& beta,
+         const Optional& initial_state, const Optional& cu_seqlens, const Array& o,
+         const Optional& final_state, double scale, bool use_qk_l2norm, const std::string& method,
+         std::uintptr_t stream, const Optional& workspace, const Optional& cu_seqlens_host) {
+        const gdn::DeltaRuleInputs in =
+            inputs(q, k, v, g, beta, initial_state, cu_seqlens, scale, use_qk_l2norm);
+        const gdn::DeltaRuleOutputs out{ref(o, "o"), ref(final_state, "final_state")};
+        const Optional o_opt = o;
+        if (!on_cuda(q, {{&initial_state, "initial_state"}, {&cu_seqlens, "cu_seqlens"},
+                         {&o_opt, "o"}, {&final_state, "final_state"}})) {
+          nb::gil_scoped_release release;
+          gdn::delta_rule_forward(in, out, method_of(method));
+          return;
+        }
+#ifdef GDN_PYTHON_CUDA
+        gdn::delta_rule_forward_cuda(in, out, context(stream, workspace, cu_seqlens_host));
+#else
+        (void)stream, (void)workspace, (void)cu_seqlens_host;
+        no_cuda();
+#endif
+      },
+      nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g"), nb::arg("beta"),
+      nb::arg("initial_state").none(), nb::arg("cu_seqlens").none(), nb::arg("o"),
+      nb::arg("final_state").none(), nb::arg("scale"), nb::arg("use_qk_l2norm"),
+      nb::arg("method"), nb::arg("stream"), nb::arg("workspace").none(),
+      nb::arg("cu_seqlens_host").none(),
+      "o (and final_state) from the inputs, written into the given tensors.");
+
+  m.def(
+      "backward",
+      [](const Array& q, const Array& k, const Array& v, const Array& g, const Array& beta,
+         const Optional& initial_state, const Optional& cu_seqlens, const Array& d_o,
+         const Optional& d_final_state, const Array& dq, const Array& dk, const Array& dv,
+         const Array& dg, const Array& dbeta, const Optional& dh0, double scale,
+         bool use_qk_l2norm, const std::string& method, std::uintptr_t stream,
+         const Optional& workspace, const Optional& cu_seqlens_host) {
+        const gdn::DeltaRuleInputs in =
+            inputs(q, k, v, g, beta, initial_state, cu_seqlens, scale, use_qk_l2norm);
+        const gdn::DeltaRuleGrads grads{ref(d_o, "d_o"), ref(d_final_state, "d_final_state"),
+                                        ref(dq, "dq"),   ref(dk, "dk"),
+                                        ref(dv, "dv"),   ref(dg, "dg"),
+                                        ref(dbeta, "dbeta"), ref(dh0, "dh0")};
+        const Optional d_o_opt = d_o;
+        if (!on_cuda(q, {{&initial_state, "initial_state"}, {&cu_seqlens, "cu_seqlens"},
+                         {&d_o_opt, "d_o"}, {&d_final_state, "d_final_state"}})) {
+          nb::gil_scoped_release release;
+          gdn::delta_rule_backward(in, grads, method_of(method));
+          return;
+        }
+#ifdef GDN_PYTHON_CUDA
+        gdn::delta_rule_backward_cuda(in, grads, context(stream, workspace, cu_seqlens_host));
+#else
+        (void)stream, (void)workspace, (void)cu_seqlens_host;
+        no_cuda();
+#endif
+      },
+      nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g"), nb::arg("beta"),
+      nb::arg("initial_state").none(), nb::arg("cu_seqlens").none(), nb::arg("d_o"),
+      nb::arg("d_final_state").none(), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"),
+      nb::arg("dg"), nb::arg("dbeta"), nb::arg("dh0").none(), nb::arg("scale"),
+      nb::arg("use_qk_l2norm"), nb::arg("method"), nb::arg("stream"),
+      nb::arg("workspace").none(), nb::arg("cu_seqlens_host").none(),
+      "Every gradient, written into the given tensors.");
+}
