@@ -9,6 +9,7 @@
 
 #include "core/convert.h"
 #include "gdn/error.h"
+#include "validate.h"
 
 namespace gdn {
 namespace {
@@ -84,7 +85,7 @@ ProblemData generate(const Problem& p) {
   return d;
 }
 
-DeltaRuleInputs ProblemData::inputs() {
+DeltaRuleInputs ProblemData::inputs() const {
   DeltaRuleInputs in;
   in.q = q.ref();
   in.k = k.ref();
@@ -134,11 +135,23 @@ ProblemResults allocate_results(const ProblemData& d, DType dtype) {
                   d.v.shape[3], N, !d.initial_state.bytes.empty(), dtype);
 }
 
+DeltaRuleShape validate(const ProblemData& d) {
+  const DeltaRuleShape s = validate(d.inputs());
+  if (!d.d_o.bytes.empty() || !d.d_final_state.bytes.empty()) {
+    const TensorRef d_final_state =
+        d.d_final_state.bytes.empty() ? TensorRef{} : d.d_final_state.ref();
+    validate_grad_inputs(s, d.d_o.bytes.empty() ? TensorRef{} : d.d_o.ref(), d_final_state);
+  }
+  return s;
+}
+
 ProblemData shard_of(const ProblemData& d, int rank, int ranks) {
-  const std::int64_t T = d.q.shape[1];
+  const std::int64_t T = validate(d).T;
   if (ranks < 1 || T % ranks != 0)
     throw Error("T = " + std::to_string(T) + " must be divisible by the ranks (" +
                 std::to_string(ranks) + ")");
+  if (rank < 0 || rank >= ranks)
+    throw Error("rank " + std::to_string(rank) + " must be in [0, " + std::to_string(ranks) + ")");
   const std::int64_t Tl = T / ranks, first = rank * Tl;
   ProblemData s = d;
   s.q = slice_tokens(d.q, first, Tl);
@@ -163,7 +176,8 @@ void gather_shard(const ProblemResults& shard, int rank, ProblemResults& whole) 
        {std::pair{&shard.final_state, &whole.final_state}, {&shard.dh0, &whole.dh0}}) {
     if (from->bytes.empty()) continue;
     for (std::int64_t i = 0; i < from->numel(); ++i)
-      core::store(to->ref(), i, core::load<double>(to->ref(), i) + core::load<double>(from->ref(), i));
+      core::store(to->ref(), i,
+                  core::load<double>(to->ref(), i) + core::load<double>(from->ref(), i));
   }
 }
 

@@ -90,8 +90,28 @@ static void copy_tokens(const HostTensor& from, std::int64_t first, std::int64_t
                 to.bytes.begin() + static_cast<std::ptrdiff_t>((b * to.shape[1] + at) * row));
 }
 
+// A [B, T, ...] tensor whose bytes match its shape, B and T positive.
+static void require_tokens(const char* what, const HostTensor& t) {
+  const TensorRef r = t.ref();
+  if (t.shape.size() < 2)
+    throw Error(
+        fmt::format("{}: expected a tensor of shape [B, T, ...] (rank >= 2), got rank {} {}", what,
+                    t.shape.size(), r.shape_string()));
+  if (t.shape[0] < 1 || t.shape[1] < 1)
+    throw Error(fmt::format("{}: expected positive B and T in [B, T, ...], got {}", what,
+                            r.shape_string()));
+  if (t.bytes.size() != static_cast<std::size_t>(t.numel()) * dtype_size(t.dtype))
+    throw Error(fmt::format(
+        "{}: {} {} needs {} bytes, holds {}", what, dtype_name(t.dtype), r.shape_string(),
+        static_cast<std::size_t>(t.numel()) * dtype_size(t.dtype), t.bytes.size()));
+}
+
 HostTensor slice_tokens(const HostTensor& t, std::int64_t first, std::int64_t count) {
   if (t.bytes.empty()) return {};
+  require_tokens("slice_tokens", t);
+  if (first < 0 || count < 0 || first > t.shape[1] - count)
+    throw Error(fmt::format("slice_tokens: tokens [{}, {} + {}) are not within T = {} of {}", first,
+                            first, count, t.shape[1], t.ref().shape_string()));
   std::vector<std::int64_t> shape = t.shape;
   shape[1] = count;
   HostTensor out = HostTensor::zeros(t.dtype, shape);
@@ -100,6 +120,15 @@ HostTensor slice_tokens(const HostTensor& t, std::int64_t first, std::int64_t co
 }
 
 void place_tokens(const HostTensor& part, HostTensor& whole, std::int64_t at) {
+  require_tokens("place_tokens: part", part);
+  require_tokens("place_tokens: whole", whole);
+  std::vector<std::int64_t> expected = whole.shape;
+  expected[1] = part.shape[1];
+  if (part.dtype != whole.dtype || part.shape != expected || at < 0 ||
+      at > whole.shape[1] - part.shape[1])
+    throw Error(fmt::format("place_tokens: part {} {} does not fit whole {} {} at token {}",
+                            dtype_name(part.dtype), part.ref().shape_string(),
+                            dtype_name(whole.dtype), whole.ref().shape_string(), at));
   copy_tokens(part, 0, part.shape[1], whole, at);
 }
 

@@ -133,9 +133,14 @@ void validate_outputs(const DeltaRuleShape& s, const DeltaRuleOutputs& out) {
   check("final_state", out.final_state, {s.N, s.HV, s.K, s.V}, "[N, HV, K, V]", true);
 }
 
+void validate_grad_inputs(const DeltaRuleShape& s, const TensorRef& d_o,
+                          const TensorRef& d_final_state) {
+  check("d_o", d_o, {s.B, s.T, s.HV, s.V}, "[B, T, HV, V]");
+  check("d_final_state", d_final_state, {s.N, s.HV, s.K, s.V}, "[N, HV, K, V]", true);
+}
+
 void validate_grads(const DeltaRuleInputs& in, const DeltaRuleShape& s, const DeltaRuleGrads& gr) {
-  check("d_o", gr.d_o, {s.B, s.T, s.HV, s.V}, "[B, T, HV, V]");
-  check("d_final_state", gr.d_final_state, {s.N, s.HV, s.K, s.V}, "[N, HV, K, V]", true);
+  validate_grad_inputs(s, gr.d_o, gr.d_final_state);
   check("dq", gr.dq, {s.B, s.T, s.HK, s.K}, "[B, T, HK, K]");
   check("dk", gr.dk, {s.B, s.T, s.HK, s.K}, "[B, T, HK, K]");
   check("dv", gr.dv, {s.B, s.T, s.HV, s.V}, "[B, T, HV, V]");

@@ -15,6 +15,9 @@ struct Sequence {
 
 std::vector<Sequence> sequences(const DeltaRuleInputs& in, const DeltaRuleShape& shape);
 void validate_outputs(const DeltaRuleShape& shape, const DeltaRuleOutputs& out);
+// The backward's inputs: d_o [B, T, HV, V], d_final_state [N, HV, K, V] (optional).
+void validate_grad_inputs(const DeltaRuleShape& shape, const TensorRef& d_o,
+                          const TensorRef& d_final_state);
 void validate_grads(const DeltaRuleInputs& in, const DeltaRuleShape& shape,
                     const DeltaRuleGrads& grads);
 

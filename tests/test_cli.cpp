@@ -13,6 +13,7 @@
 #include <string>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "gdn/delta_rule.h"
 #include "gdn/layer.h"
@@ -243,6 +244,76 @@ TEST_F(Cli, OpPassesOnTheLibrarysShapeErrors) {
   write_safetensors(path("in.safetensors"), in);
   expect_failure(gdn(fmt::format("op '{}' '{}'", path("in.safetensors"), path("out.safetensors"))),
                  {"k must have shape [B, T, HK, K]"});
+}
+
+// Every tensor is checked whole before anything cuts it by token: a do, attention_mask or
+// grad_output of the wrong rank or length fails cleanly on one rank and over ranks (it crashed,
+// or gave garbage with exit 0).
+TEST_F(Cli, OpRejectsDoOfTheWrongShapeOnEveryPath) {
+  Problem p;
+  p.T = 8, p.HK = 1, p.HV = 2, p.K = 4, p.V = 4;
+  TensorMap in = inputs_of(generate(p));
+  for (const std::vector<std::int64_t>& shape :
+       std::vector<std::vector<std::int64_t>>{{}, {8}, {1, 6, 2, 4}, {1, 10, 2, 4}}) {
+    in["do"] = HostTensor::zeros(DType::f32, shape);
+    write_safetensors(path("in.safetensors"), in);
+    for (int ranks : {1, 2}) {
+      SCOPED_TRACE(fmt::format("do {} over {} ranks", in["do"].ref().shape_string(), ranks));
+      expect_failure(gdn(fmt::format("op '{}' '{}' --ranks {}", path("in.safetensors"),
+                                     path("out.safetensors"), ranks)),
+                     {"d_o must have shape [B, T, HV, V]"});
+    }
+  }
+  in["do"] = HostTensor::zeros(DType::f32, {1, 8, 2, 4});
+  in["dht"] = HostTensor::zeros(DType::f32, {1, 2, 4});
+  write_safetensors(path("in.safetensors"), in);
+  expect_failure(
+      gdn(fmt::format("op '{}' '{}' --ranks 2", path("in.safetensors"), path("out.safetensors"))),
+      {"d_final_state must have shape [N, HV, K, V]"});
+  EXPECT_FALSE(fs::exists(path("out.safetensors")));
+}
+
+TEST_F(Cli, LayerRejectsMasksAndGradOutputsOfTheWrongShape) {
+  const LayerConfig config{.hidden_size = 8,
+                           .linear_num_key_heads = 1,
+                           .linear_num_value_heads = 2,
+                           .linear_key_head_dim = 4,
+                           .linear_value_head_dim = 4,
+                           .linear_conv_kernel_dim = 4};
+  std::ofstream(path("config.json"))
+      << R"({"hidden_size": 8, "linear_num_key_heads": 1, "linear_num_value_heads": 2,
+         "linear_key_head_dim": 4, "linear_value_head_dim": 4, "linear_conv_kernel_dim": 4})";
+  TensorMap checkpoint;
+  const LayerWeights weights = random_parameters(config, DType::f32, 1);
+  for_each_parameter(weights,
+                     [&](const std::string& name, const HostTensor& t) { checkpoint[name] = t; });
+  write_safetensors(path("model.safetensors"), checkpoint);
+  const HostTensor x = HostTensor::zeros(DType::f32, {2, 8, 8});
+  const std::pair<const char*, std::vector<std::int64_t>> bad[] = {
+      {"attention_mask", {}},      {"attention_mask", {16}},      {"attention_mask", {2, 6}},
+      {"attention_mask", {2, 10}}, {"attention_mask", {2, 8, 1}}, {"grad_output", {128}},
+      {"grad_output", {2, 6, 8}},  {"grad_output", {2, 10, 8}},   {"grad_output", {2, 8, 4}}};
+  for (const auto& [name, shape] : bad) {
+    write_safetensors(path("in.safetensors"),
+                      {{"hidden_states", x}, {name, HostTensor::zeros(DType::f32, shape)}});
+    for (int ranks : {1, 2}) {
+      SCOPED_TRACE(
+          fmt::format("{} of shape [{}] over {} ranks", name, fmt::join(shape, ", "), ranks));
+      expect_failure(
+          gdn(fmt::format("layer --config '{}' --weights '{}' --input '{}' --output '{}' "
+                          "--ranks {}",
+                          path("config.json"), path("model.safetensors"), path("in.safetensors"),
+                          path("out.safetensors"), ranks)),
+          {fmt::format("{} must have shape", name)});
+    }
+  }
+  write_safetensors(path("in.safetensors"),
+                    {{"hidden_states", HostTensor::zeros(DType::f32, {8, 8})}});
+  expect_failure(gdn(fmt::format("layer --config '{}' --weights '{}' --input '{}' --output '{}'",
+                                 path("config.json"), path("model.safetensors"),
+                                 path("in.safetensors"), path("out.safetensors"))),
+                 {"hidden_states must have shape [B, T, hidden]"});
+  EXPECT_FALSE(fs::exists(path("out.safetensors")));
 }
 
 }  // namespace

@@ -177,5 +177,52 @@ TEST(Validate, GradientOfOutputShape) {
   expect_error([&] { delta_rule_backward(f.in, g); }, "d_o must have shape [B, T, HV, V] (rank 4)");
 }
 
+// Tensors are cut by token only after their shapes are checked: slice_tokens and place_tokens
+// reject what they cannot cut, shard_of checks the whole problem (d_o included) first.
+TEST(SliceTokens, RejectsBadRanksAndRanges) {
+  const HostTensor t = HostTensor::zeros(DType::f32, {2, 8, 3});
+  EXPECT_EQ(slice_tokens(t, 6, 2).shape, (std::vector<std::int64_t>{2, 2, 3}));
+  expect_error([&] { slice_tokens(HostTensor::zeros(DType::f32, {}), 0, 1); },
+               "slice_tokens: expected a tensor of shape [B, T, ...] (rank >= 2), got rank 0");
+  expect_error([&] { slice_tokens(HostTensor::zeros(DType::f32, {8}), 0, 4); }, "got rank 1 [8]");
+  expect_error([&] { slice_tokens(t, 6, 4); }, "tokens [6, 6 + 4) are not within T = 8");
+  expect_error([&] { slice_tokens(t, -1, 2); }, "are not within T = 8");
+  expect_error([&] { slice_tokens(t, 0, -1); }, "are not within T = 8");
+}
+
+TEST(SliceTokens, PlaceRejectsPartsThatDoNotFit) {
+  HostTensor whole = HostTensor::zeros(DType::f32, {2, 8, 3});
+  EXPECT_NO_THROW(place_tokens(HostTensor::zeros(DType::f32, {2, 4, 3}), whole, 4));
+  expect_error(
+      [&] {
+        place_tokens(HostTensor::zeros(DType::f32, {2, 4, 3}), whole, 5);
+      },
+      "does not fit whole f32 [2, 8, 3] at token 5");
+  expect_error(
+      [&] {
+        place_tokens(HostTensor::zeros(DType::f32, {2, 4, 2}), whole, 0);
+      },
+      "part f32 [2, 4, 2] does not fit");
+  expect_error([&] { place_tokens(HostTensor::zeros(DType::f32, {4}), whole, 0); },
+               "place_tokens: part: expected a tensor of shape [B, T, ...]");
+}
+
+TEST(SliceTokens, ShardOfChecksGradientsOfOutputFirst) {
+  Fixture f;
+  for (const std::vector<std::int64_t>& shape :
+       std::vector<std::vector<std::int64_t>>{{}, {8}, {1, 6, 4, 3}, {1, 10, 4, 3}}) {
+    ProblemData data = f.data;
+    data.d_o = HostTensor::zeros(DType::f32, shape);
+    expect_error([&] { shard_of(data, 1, 2); }, "d_o must have shape [B, T, HV, V]");
+  }
+  ProblemData data = f.data;
+  data.d_final_state = HostTensor::zeros(DType::f32, {1, 4, 4});
+  expect_error([&] { shard_of(data, 0, 2); }, "d_final_state must have shape [N, HV, K, V]");
+  data = f.data;
+  data.q = HostTensor::zeros(DType::f32, {8});
+  expect_error([&] { shard_of(data, 0, 2); }, "q must have shape [B, T, HK, K] (rank 4)");
+  expect_error([&] { shard_of(f.data, 2, 2); }, "rank 2 must be in [0, 2)");
+}
+
 }  // namespace
 }  // namespace gdn

@@ -89,6 +89,28 @@ LayerRun run_anywhere(int ranks, int threads, const CpOptions& cp, const LayerCo
   return result;
 }
 
+// hidden_states [B, T, hidden], attention_mask [B, T] and grad_output [B, T, hidden] (when
+// given), checked whole before anything cuts them by token.
+void check_layer_inputs(const std::string& file, const LayerConfig& config, const HostTensor& x,
+                        const HostTensor& mask, const HostTensor& d_out) {
+  const auto expect = [&](const char* name, const HostTensor& t,
+                          const std::vector<std::int64_t>& shape, const char* layout) {
+    if (t.shape != shape)
+      throw Error(fmt::format("{}: {} must have shape {} = {}, got {}", file, name, layout,
+                              TensorRef{nullptr, t.dtype, shape}.shape_string(),
+                              t.ref().shape_string()));
+  };
+  if (x.shape.size() != 3 || x.shape[0] < 1 || x.shape[1] < 1)
+    throw Error(
+        fmt::format("{}: hidden_states must have shape [B, T, hidden] with B, T >= 1, got {}", file,
+                    x.ref().shape_string()));
+  const std::int64_t B = x.shape[0], T = x.shape[1];
+  expect("hidden_states", x, {B, T, config.hidden_size}, "[B, T, hidden]");
+  const auto given = [](const HostTensor& t) { return !t.shape.empty() || !t.bytes.empty(); };
+  if (given(mask)) expect("attention_mask", mask, {B, T}, "[B, T]");
+  if (given(d_out)) expect("grad_output", d_out, {B, T, config.hidden_size}, "[B, T, hidden]");
+}
+
 }  // namespace
 
 void add_layer_options(CLI::App& command, LayerCommandOptions& options) {
@@ -127,9 +149,7 @@ int layer(const LayerCommandOptions& options) {
     throw Error(fmt::format("{}: missing tensor \"hidden_states\"", options.input));
   const HostTensor x = to_f32(in["hidden_states"]), mask = to_f32(in["attention_mask"]);
   const HostTensor d_out = to_f32(in["grad_output"]);
-  if (x.shape.size() != 3)
-    throw Error(fmt::format("{}: hidden_states must have shape [B, T, hidden], got rank {}",
-                            options.input, x.shape.size()));
+  check_layer_inputs(options.input, config, x, mask, d_out);
 
   std::unique_ptr<Communicator> world = launched_by_mpirun() ? mpi_world() : nullptr;
   LayerRun r =

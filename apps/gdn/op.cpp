@@ -87,7 +87,7 @@ int op(const OpOptions& options) {
   data.use_qk_l2norm = options.use_qk_l2norm;
   data.chunk_size = options.chunk_size;
   const bool backward = !data.d_o.bytes.empty();
-  validate(data.inputs());  // names the argument before anything runs
+  validate(data);  // names the tensor before anything slices or runs it
 
   std::unique_ptr<Communicator> world = launched_by_mpirun() ? mpi_world() : nullptr;
   ProblemResults results;

@@ -32,8 +32,12 @@ struct ProblemData {
   bool use_qk_l2norm = true;
   int chunk_size = 64;
 
-  DeltaRuleInputs inputs();
+  DeltaRuleInputs inputs() const;
 };
+
+// The inputs' checks (validate) and, when given, d_o [B, T, HV, V] and d_final_state
+// [N, HV, K, V]; gdn::Error naming the tensor otherwise. shard_of runs it before slicing.
+DeltaRuleShape validate(const ProblemData& data);
 
 ProblemData generate(const Problem& problem);
 
