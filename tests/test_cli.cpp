@@ -1,6 +1,7 @@
 // The gdn tool end to end: `gdn op` through safetensors files against a direct library call, and
 // a clean failure (exit status 1 and a message, no crash) on bad input.
 
+#include <sys/resource.h>
 #include <sys/wait.h>
 
 #include <gtest/gtest.h>
@@ -234,6 +235,28 @@ TEST_F(Cli, OpNamesUnknownAndMissingTensors) {
   in.erase("beta");
   write_safetensors(path("in.safetensors"), in);
   expect_failure(gdn(args), {"missing tensor \"beta\""});
+}
+
+// gdn op checks the names before it reads any tensor: a (sparse) file claiming 4 GB in q
+// fails on the missing k without reading q.
+TEST_F(Cli, OpNamesAMissingTensorBeforeReadingAny) {
+  const std::int64_t big = std::int64_t{1} << 32;
+  std::string header =
+      fmt::format(R"({{"q": {{"dtype": "F32", "shape": [1, {}, 1, 4], "data_offsets": [0, {}]}}}})",
+                  big / 16, big);
+  header.append((8 - header.size() % 8) % 8, ' ');
+  const std::uint64_t header_size = header.size();
+  {
+    std::ofstream f(path("in.safetensors"), std::ios::binary);
+    f.write(reinterpret_cast<const char*>(&header_size), 8);
+    f << header;
+  }
+  fs::resize_file(path("in.safetensors"), 8 + header_size + static_cast<std::uintmax_t>(big));
+  expect_failure(gdn(fmt::format("op '{}' '{}'", path("in.safetensors"), path("out.safetensors"))),
+                 {"missing tensor \"k\""});
+  rusage usage{};
+  getrusage(RUSAGE_CHILDREN, &usage);
+  EXPECT_LT(usage.ru_maxrss, 512 * 1024) << "KiB of peak memory in gdn op";
 }
 
 TEST_F(Cli, OpPassesOnTheLibrarysShapeErrors) {

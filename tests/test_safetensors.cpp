@@ -3,6 +3,8 @@
 
 #include "gdn/safetensors.h"
 
+#include <sys/resource.h>
+
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -15,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "gdn/error.h"
@@ -146,22 +149,99 @@ TEST_F(Safetensors, WritesTheFormatsLayout) {
   EXPECT_EQ(offset, static_cast<std::int64_t>(data.size()));
 }
 
-TEST_F(Safetensors, ReadsHandMadeFilesWithMetadataPaddingAndSharedBytes) {
-  // Two tensors over the same 8 bytes (overlap is allowed), metadata, trailing spaces.
+TEST_F(Safetensors, ReadsHandMadeFilesWithMetadataPaddingAndAnyOffsetOrder) {
+  // Offsets out of name order, a zero-size tensor, metadata, trailing spaces.
   const float values[2] = {1.5f, -2.0f};
-  const std::string data(reinterpret_cast<const char*>(values), 8);
+  const std::int32_t ints[2] = {7, -9};
+  const std::string data = std::string(reinterpret_cast<const char*>(ints), 8) +
+                           std::string(reinterpret_cast<const char*>(values), 8);
   const std::string p = make_file(
       R"({"__metadata__": {"format": "pt"},
-          "x": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
-          "y": {"dtype": "I32", "shape": [1, 2], "data_offsets": [0, 8]}}   )",
+          "x": {"dtype": "F32", "shape": [2], "data_offsets": [8, 16]},
+          "y": {"dtype": "I32", "shape": [1, 2], "data_offsets": [0, 8]},
+          "z": {"dtype": "F64", "shape": [0, 3], "data_offsets": [8, 8]}}   )",
       data);
   const TensorMap t = read_safetensors(p);
-  ASSERT_EQ(t.size(), 2u);
+  ASSERT_EQ(t.size(), 3u);
   EXPECT_EQ(t.at("x").dtype, DType::f32);
   EXPECT_EQ(t.at("x").as<float>()[1], -2.0f);
   EXPECT_EQ(t.at("y").dtype, DType::i32);
   EXPECT_EQ(t.at("y").shape, (std::vector<std::int64_t>{1, 2}));
-  EXPECT_EQ(std::memcmp(t.at("y").bytes.data(), data.data(), 8), 0);
+  EXPECT_EQ(t.at("y").as<std::int32_t>()[1], -9);
+  EXPECT_EQ(t.at("z").shape, (std::vector<std::int64_t>{0, 3}));
+  EXPECT_TRUE(t.at("z").bytes.empty());
+}
+
+// What the format's reference implementation (huggingface/safetensors) rejects, we reject: a
+// name given twice (the last would win), data_offsets that overlap, leave a gap or do not start
+// at 0, bytes no tensor covers, a header that does not start with '{' or exceeds 100 MB.
+TEST_F(Safetensors, RejectsWhatTheReferenceRejects) {
+  struct Case {
+    std::string header, expected;
+  };
+  const std::string x = R"("x": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]})";
+  const std::vector<Case> cases = {
+      {"{" + x + ", " + x + "}", "header names \"x\" twice in one object"},
+      {R"({"x": {"dtype": "F32", "dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})",
+       "header names \"dtype\" twice"},
+      {R"({"__metadata__": {"a": "1", "a": "2"}, )" + x + "}", "header names \"a\" twice"},
+      {R"({"x": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+           "y": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}})",
+       "tensor \"y\": data_offsets [4, 12] overlap the tensor before it, which ends at 8"},
+      {R"({"x": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+           "y": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})",
+       "data_offsets [0, 8] overlap"},
+      {R"({"x": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})",
+       "tensor \"x\": data_offsets [4, 8] leave bytes [0, 4) before them unused"},
+      {R"({"x": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+           "y": {"dtype": "F32", "shape": [1], "data_offsets": [8, 12]}})",
+       "leave bytes [4, 8) before them unused"},
+      {R"({"x": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})",
+       "bytes [4, 12) of the 12-byte data buffer are not covered by any tensor"},
+      {R"({})", "bytes [0, 12) of the 12-byte data buffer are not covered"},
+      {R"( {"x": {"dtype": "F32", "shape": [3], "data_offsets": [0, 12]}})",
+       "header must start with '{'"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.header);
+    const std::string p = make_file(c.header, std::string(12, '\0'));
+    expect_error([&] { read_safetensors(p); }, {p, c.expected});
+  }
+  // A header length over the limit, in a (sparse) file long enough to hold it.
+  const std::string p = make_file(100'000'001, "{", "");
+  fs::resize_file(p, 8 + 100'000'001);
+  expect_error([&] { read_safetensors(p); }, {p, "exceeds the format's limit of 100000000 bytes"});
+}
+
+// SafetensorsFile reads the header only; a tensor's bytes are read when asked for, so a file
+// claiming 4 GB costs nothing until then (the file is sparse: it takes no disk either).
+TEST_F(Safetensors, ReadsLazily) {
+  const std::int64_t big = std::int64_t{1} << 32;
+  const std::string header = fmt::format(
+      R"({{"big": {{"dtype": "F32", "shape": [{}], "data_offsets": [0, {}]}},
+          "small": {{"dtype": "F32", "shape": [2], "data_offsets": [{}, {}]}}}})",
+      big / 4, big, big, big + 8);
+  const float values[2] = {3.f, 4.f};
+  const std::string p = make_file(header, "");
+  fs::resize_file(p, 8 + header.size() + static_cast<std::uintmax_t>(big) + 8);
+  {
+    std::fstream f(p, std::ios::binary | std::ios::in | std::ios::out);
+    f.seekp(static_cast<std::streamoff>(8 + header.size() + static_cast<std::size_t>(big)));
+    f.write(reinterpret_cast<const char*>(values), 8);
+  }
+  const SafetensorsFile file(p);
+  EXPECT_EQ(file.entries().size(), 2u);
+  EXPECT_EQ(file.entries().at("big").shape, (std::vector<std::int64_t>{big / 4}));
+  EXPECT_EQ(file.entries().at("big").end, big);
+  EXPECT_TRUE(file.contains("small"));
+  EXPECT_FALSE(file.contains("k"));
+  const HostTensor small = file.read("small");
+  EXPECT_EQ(small.shape, (std::vector<std::int64_t>{2}));
+  EXPECT_EQ(small.as<float>()[1], 4.f);
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  EXPECT_LT(usage.ru_maxrss, 512 * 1024) << "KiB of peak memory";
+  expect_error([&] { file.read("k"); }, {p, "no tensor \"k\""});
 }
 
 TEST_F(Safetensors, MissingPathNamesThePath) {

@@ -138,8 +138,8 @@ void add_layer_options(CLI::App& command, LayerCommandOptions& options) {
 int layer(const LayerCommandOptions& options) {
   const LayerConfig config = load_layer_config(options.config);
   const LayerWeights weights = load_layer_weights(options.weights, config, options.prefix);
-  TensorMap in = read_safetensors(options.input);
-  for (const auto& [name, t] : in)
+  const SafetensorsFile in(options.input);  // names first: tensors are read below
+  for (const auto& [name, entry] : in.entries())
     if (name != "hidden_states" && name != "attention_mask" && name != "grad_output")
       throw Error(
           fmt::format("{}: unexpected tensor \"{}\" (expected hidden_states and "
@@ -147,8 +147,11 @@ int layer(const LayerCommandOptions& options) {
                       options.input, name));
   if (!in.contains("hidden_states"))
     throw Error(fmt::format("{}: missing tensor \"hidden_states\"", options.input));
-  const HostTensor x = to_f32(in["hidden_states"]), mask = to_f32(in["attention_mask"]);
-  const HostTensor d_out = to_f32(in["grad_output"]);
+  const auto take = [&](const char* name) {
+    return in.contains(name) ? to_f32(in.read(name)) : HostTensor{};
+  };
+  const HostTensor x = take("hidden_states"), mask = take("attention_mask");
+  const HostTensor d_out = take("grad_output");
   check_layer_inputs(options.input, config, x, mask, d_out);
 
   std::unique_ptr<Communicator> world = launched_by_mpirun() ? mpi_world() : nullptr;

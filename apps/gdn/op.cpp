@@ -59,8 +59,8 @@ void add_op_options(CLI::App& command, OpOptions& options) {
 }
 
 int op(const OpOptions& options) {
-  TensorMap in = read_safetensors(options.input);
-  for (const auto& [name, t] : in)
+  const SafetensorsFile in(options.input);  // names and shapes only: tensors are read below
+  for (const auto& [name, entry] : in.entries())
     if (!one_of(name, kRequired) && !one_of(name, kOptional))
       throw Error(fmt::format("{}: unexpected tensor \"{}\" ({})", options.input, name, kExpected));
   for (std::string_view name : kRequired)
@@ -70,8 +70,7 @@ int op(const OpOptions& options) {
     throw Error(
         fmt::format("{}: dht is given without do: the backward pass needs do", options.input));
   const auto take = [&](const char* name) {
-    const auto it = in.find(name);
-    return it == in.end() ? HostTensor{} : std::move(it->second);
+    return in.contains(name) ? in.read(name) : HostTensor{};
   };
   ProblemData data;
   data.q = take("q");

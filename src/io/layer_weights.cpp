@@ -110,15 +110,23 @@ TensorMap read_sharded(const fs::path& index_path, const std::string& prefix) {
   }
   TensorMap out;
   for (const auto& [file, wanted] : by_file) {
-    TensorMap shard = read_safetensors((index_path.parent_path() / file).string());
+    const SafetensorsFile shard((index_path.parent_path() / file).string());
     for (const std::string& full : wanted) {
-      auto it = shard.find(full);
-      if (it == shard.end())
+      if (!shard.contains(full))
         throw Error(fmt::format("{}: weight_map puts \"{}\" in {}, which does not hold it",
                                 index_path.string(), full, file));
-      out[full] = std::move(it->second);
+      out[full] = shard.read(full);
     }
   }
+  return out;
+}
+
+// The tensors of one file whose names start with the prefix (one layer of a whole checkpoint).
+TensorMap read_prefixed(const fs::path& path, const std::string& prefix) {
+  const SafetensorsFile file(path.string());
+  TensorMap out;
+  for (const auto& [name, entry] : file.entries())
+    if (name.starts_with(prefix)) out[name] = file.read(name);
   return out;
 }
 
@@ -163,7 +171,7 @@ LayerWeights load_layer_weights(const std::string& path, const LayerConfig& conf
       throw Error(fmt::format("{}: holds neither {} nor {}", path, kIndex, kSingle));
   }
   const TensorMap tensors =
-      file.extension() == ".json" ? read_sharded(file, prefix) : read_safetensors(file.string());
+      file.extension() == ".json" ? read_sharded(file, prefix) : read_prefixed(file, prefix);
   return layer_weights_from(tensors, config, prefix, dtype, file.string());
 }
 

@@ -7,7 +7,9 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <new>
 #include <optional>
+#include <set>
 #include <string_view>
 #include <system_error>
 #include <utility>
@@ -68,15 +70,12 @@ std::string describe(const json& j) {
   return j.is_primitive() ? j.dump() : j.type_name();
 }
 
-// One tensor's header entry, checked against the format and the size of the data buffer.
-struct Entry {
-  DType dtype;
-  std::vector<std::int64_t> shape;
-  std::int64_t begin, end;  // byte offsets into the data buffer
-};
+// The reference implementation's bound on the header (huggingface/safetensors: 100 MB).
+constexpr std::uint64_t kMaxHeaderSize = 100'000'000;
 
-Entry parse_entry(const std::string& path, const std::string& name, const json& j,
-                  std::int64_t data_size) {
+// One tensor's header entry, checked against the format and the size of the data buffer.
+SafetensorsEntry parse_entry(const std::string& path, const std::string& name, const json& j,
+                             std::int64_t data_size) {
   const auto fail = [&](const std::string& what) {
     return Error(fmt::format("{}: tensor \"{}\": {}", path, name, what));
   };
@@ -127,59 +126,126 @@ Entry parse_entry(const std::string& path, const std::string& name, const json& 
   return {*parsed, std::move(shape), *begin, *end};
 }
 
+// The header's JSON; a key given twice in one object (the last would win) is an error, as in
+// the reference.
+json parse_header(const std::string& path, const std::string& text) {
+  std::vector<std::set<std::string>> keys;  // of each object being parsed
+  const auto unique = [&](int, json::parse_event_t event, json& parsed) {
+    if (event == json::parse_event_t::object_start) keys.emplace_back();
+    if (event == json::parse_event_t::object_end) keys.pop_back();
+    if (event == json::parse_event_t::key && !keys.back().insert(parsed.get<std::string>()).second)
+      throw Error(fmt::format("{}: header names \"{}\" twice in one object: keys must be unique",
+                              path, parsed.get<std::string>()));
+    return true;
+  };
+  try {
+    return json::parse(text, unique);
+  } catch (const json::exception& e) {
+    throw Error(fmt::format("{}: header is not valid JSON: {}", path, e.what()));
+  }
+}
+
+// Sorted by data_offsets, the tensors must tile the data buffer [0, data_size): each begins
+// where the previous ends (no gap, no overlap) and the last ends at the buffer's end.
+void check_layout(const std::string& path, const std::map<std::string, SafetensorsEntry>& entries,
+                  std::int64_t data_size) {
+  std::vector<std::pair<const std::string*, const SafetensorsEntry*>> order;
+  for (const auto& [name, e] : entries) order.emplace_back(&name, &e);
+  std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
+    return std::pair(a.second->begin, a.second->end) < std::pair(b.second->begin, b.second->end);
+  });
+  std::int64_t at = 0;
+  for (const auto& [name, e] : order) {
+    if (e->begin != at)
+      throw Error(fmt::format(
+          "{}: tensor \"{}\": data_offsets [{}, {}] {} (tensors must tile the data buffer in "
+          "offset order, contiguously from 0)",
+          path, *name, e->begin, e->end,
+          e->begin < at ? fmt::format("overlap the tensor before it, which ends at {}", at)
+                        : fmt::format("leave bytes [{}, {}) before them unused", at, e->begin)));
+    at = e->end;
+  }
+  if (at != data_size)
+    throw Error(
+        fmt::format("{}: bytes [{}, {}) of the {}-byte data buffer are not covered by any tensor",
+                    path, at, data_size, data_size));
+}
+
 }  // namespace
 
-TensorMap read_safetensors(const std::string& path) {
+SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
+  const std::string& p = path_;
   std::error_code ec;
-  const std::uintmax_t file_size = std::filesystem::file_size(path, ec);
-  if (ec) throw Error(fmt::format("cannot read safetensors file {}: {}", path, ec.message()));
-  std::ifstream file(path, std::ios::binary);
-  if (!file) throw Error(fmt::format("cannot open safetensors file {}", path));
+  const std::uintmax_t file_size = std::filesystem::file_size(p, ec);
+  if (ec) throw Error(fmt::format("cannot read safetensors file {}: {}", p, ec.message()));
+  std::ifstream file(p, std::ios::binary);
+  if (!file) throw Error(fmt::format("cannot open safetensors file {}", p));
   const auto read = [&](void* dst, std::uintmax_t offset, std::uintmax_t size) {
     file.seekg(static_cast<std::streamoff>(offset));
     file.read(static_cast<char*>(dst), static_cast<std::streamsize>(size));
     if (!file)
-      throw Error(fmt::format("{}: read of {} bytes at offset {} failed", path, size, offset));
+      throw Error(fmt::format("{}: read of {} bytes at offset {} failed", p, size, offset));
   };
 
   if (file_size < 8)
     throw Error(
-        fmt::format("{}: {} bytes is too short for the 8-byte header length", path, file_size));
+        fmt::format("{}: {} bytes is too short for the 8-byte header length", p, file_size));
   std::uint64_t header_size = 0;
   read(&header_size, 0, 8);
   if (header_size > file_size - 8)
-    throw Error(fmt::format("{}: header length {} exceeds the {} bytes after it", path, header_size,
+    throw Error(fmt::format("{}: header length {} exceeds the {} bytes after it", p, header_size,
                             file_size - 8));
+  if (header_size > kMaxHeaderSize)
+    throw Error(fmt::format("{}: header length {} exceeds the format's limit of {} bytes", p,
+                            header_size, kMaxHeaderSize));
   std::string text(header_size, '\0');
   read(text.data(), 8, header_size);
-
-  json header;
-  try {
-    header = json::parse(text);
-  } catch (const json::exception& e) {
-    throw Error(fmt::format("{}: header is not valid JSON: {}", path, e.what()));
-  }
+  if (!text.starts_with('{'))
+    throw Error(fmt::format("{}: header must start with '{{' (a JSON object)", p));
+  const json header = parse_header(p, text);
   if (!header.is_object())
-    throw Error(fmt::format("{}: header must be a JSON object, got {}", path, describe(header)));
+    throw Error(fmt::format("{}: header must be a JSON object, got {}", p, describe(header)));
 
-  const std::uint64_t data_start = 8 + header_size;
-  const auto data_size = static_cast<std::int64_t>(file_size - data_start);
-  TensorMap tensors;
+  data_start_ = static_cast<std::int64_t>(8 + header_size);
+  const auto data_size = static_cast<std::int64_t>(file_size) - data_start_;
   for (const auto& [name, value] : header.items()) {
     if (name == "__metadata__") {
       const bool strings =
           value.is_object() &&
           std::all_of(value.begin(), value.end(), [](const json& v) { return v.is_string(); });
-      if (!strings) throw Error(fmt::format("{}: __metadata__ must map strings to strings", path));
+      if (!strings) throw Error(fmt::format("{}: __metadata__ must map strings to strings", p));
       continue;
     }
-    Entry e = parse_entry(path, name, value, data_size);
-    HostTensor& t = tensors[name];
-    t.dtype = e.dtype;
-    t.shape = std::move(e.shape);
-    t.bytes.resize(static_cast<std::size_t>(e.end - e.begin));
-    read(t.bytes.data(), data_start + static_cast<std::uint64_t>(e.begin), t.bytes.size());
+    entries_[name] = parse_entry(p, name, value, data_size);
   }
+  check_layout(p, entries_, data_size);
+}
+
+HostTensor SafetensorsFile::read(const std::string& name) const {
+  const auto it = entries_.find(name);
+  if (it == entries_.end()) throw Error(fmt::format("{}: no tensor \"{}\"", path_, name));
+  const SafetensorsEntry& e = it->second;
+  HostTensor t{e.dtype, e.shape, {}};
+  const auto size = static_cast<std::size_t>(e.end - e.begin);
+  try {
+    t.bytes.resize(size);
+  } catch (const std::bad_alloc&) {
+    throw Error(fmt::format("{}: tensor \"{}\" ({} {}): cannot allocate its {} bytes", path_, name,
+                            dtype_name(e.dtype), t.ref().shape_string(), size));
+  }
+  std::ifstream file(path_, std::ios::binary);
+  file.seekg(static_cast<std::streamoff>(data_start_ + e.begin));
+  file.read(reinterpret_cast<char*>(t.bytes.data()), static_cast<std::streamsize>(size));
+  if (!file)
+    throw Error(fmt::format("{}: tensor \"{}\": read of {} bytes at offset {} failed", path_, name,
+                            size, data_start_ + e.begin));
+  return t;
+}
+
+TensorMap read_safetensors(const std::string& path) {
+  const SafetensorsFile file(path);
+  TensorMap tensors;
+  for (const auto& [name, entry] : file.entries()) tensors[name] = file.read(name);
   return tensors;
 }
 
