@@ -75,7 +75,7 @@ def _backward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
     dh0 = torch.empty_like(initial_state) if initial_state is not None else q.new_empty(0)
     host = _host(cu_seqlens)
     workspace = _workspace(q, k, v, g, beta, initial_state, cu_seqlens, host, True)
-    _gdn.backward(q, k, v, g, beta, initial_state, cu_seqlens, d_o.contiguous(), d_final_state,
+    _gdn.backward(q, k, v, g, beta, initial_state, cu_seqlens, d_o, d_final_state,
                   dq, dk, dv, dg, dbeta, dh0 if initial_state is not None else None, scale,
                   use_qk_l2norm, _method(q), _stream(q), workspace, host)
     return dq, dk, dv, dg, dbeta, dh0
@@ -96,8 +96,11 @@ def _setup_context(ctx, inputs, output):
 
 def _autograd_backward(ctx, d_o, d_final_state):
     q, k, v, g, beta, initial_state, cu_seqlens = ctx.saved_tensors
-    dq, dk, dv, dg, dbeta, dh0 = _backward(q, k, v, g, beta, initial_state, cu_seqlens, d_o,
-                                           d_final_state, ctx.scale, ctx.use_qk_l2norm)
+    if d_final_state is not None:
+        d_final_state = d_final_state.contiguous()  # sum()'s gradient comes expanded
+    dq, dk, dv, dg, dbeta, dh0 = _backward(q, k, v, g, beta, initial_state, cu_seqlens,
+                                           d_o.contiguous(), d_final_state, ctx.scale,
+                                           ctx.use_qk_l2norm)
     return dq, dk, dv, dg, dbeta, dh0 if initial_state is not None else None, None, None, None
 
 
