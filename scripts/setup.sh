@@ -3,7 +3,8 @@
 set -euo pipefail
 
 packages=(build-essential cmake ninja-build pkg-config libeigen3-dev nlohmann-json3-dev
-  libfmt-dev libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev libopenmpi-dev openmpi-bin)
+  libfmt-dev libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev libopenmpi-dev openmpi-bin
+  python3-dev python3-venv)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
