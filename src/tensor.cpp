@@ -1,6 +1,10 @@
 #include "gdn/tensor.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdint>
+#include <new>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -56,9 +60,37 @@ std::string TensorRef::shape_string() const {
   return fmt::format("[{}]", fmt::join(shape, ", "));
 }
 
+// Bytes of memory of this machine (0 when unknown): no host allocation beyond it can succeed.
+static std::uint64_t physical_memory() {
+  static const std::uint64_t bytes = [] {
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+    return pages > 0 && page > 0
+               ? static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page)
+               : std::uint64_t{0};
+  }();
+  return bytes;
+}
+
 HostTensor HostTensor::zeros(DType dtype, std::vector<std::int64_t> shape) {
   HostTensor t{dtype, std::move(shape), {}};
-  t.bytes.resize(static_cast<std::size_t>(t.numel()) * dtype_size(dtype));
+  const auto fail = [&](const std::string& why) {
+    return Error(fmt::format("cannot allocate a tensor of {} {}: {}", dtype_name(dtype),
+                             t.ref().shape_string(), why));
+  };
+  std::uint64_t bytes = dtype_size(dtype);
+  for (std::int64_t d : t.shape) {
+    if (d < 0) throw fail("a dimension is negative");
+    if (__builtin_mul_overflow(bytes, static_cast<std::uint64_t>(d), &bytes))
+      throw fail("its size in bytes overflows 64 bits");
+  }
+  const std::uint64_t memory = physical_memory();
+  if (memory != 0 && bytes > memory)
+    throw fail(fmt::format("{} bytes, more than this machine's memory ({} bytes)", bytes, memory));
+  try {
+    t.bytes.resize(bytes);
+  } catch (const std::bad_alloc&) {
+    throw fail(fmt::format("out of memory for {} bytes", bytes));
+  }
   return t;
 }
 

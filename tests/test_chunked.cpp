@@ -155,5 +155,17 @@ TEST(Chunked, Bf16InputsCloseToRecurrence) {
   check_against_recurrence(p);
 }
 
+// A chunk larger than T is one chunk of T: the same results, and memory that does not grow with
+// the chunk size (its c x c blocks would take exabytes).
+TEST(Chunked, ChunkLargerThanTEqualsChunkT) {
+  Problem p{.B = 2, .T = 40, .HK = 1, .HV = 2, .K = 8, .V = 4};
+  p.chunk_size = 40;
+  ProblemData data = generate(p);
+  ProblemResults expected = run(p, data, Method::chunked, DType::f32);
+  data.chunk_size = 1'000'000'000;
+  ProblemResults huge = run(p, data, Method::chunked, DType::f32);
+  expect_close(huge, expected, 0, "chunk 1e9");
+}
+
 }  // namespace
 }  // namespace gdn

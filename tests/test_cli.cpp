@@ -339,5 +339,18 @@ TEST_F(Cli, LayerRejectsMasksAndGradOutputsOfTheWrongShape) {
   EXPECT_FALSE(fs::exists(path("out.safetensors")));
 }
 
+// Huge sizes end in an error naming the options and the bytes, not std::bad_alloc; a chunk
+// larger than T costs no more memory than T.
+TEST_F(Cli, RunRejectsSizesBeyondTheMachinesMemory) {
+  expect_failure(gdn("run -T 2000000000 --ranks 1"),
+                 {"-T 2000000000", "bytes, more than this machine's memory"});
+  expect_failure(gdn("run --layer --hidden 1000000000 -T 64 --ranks 1"),
+                 {"--hidden 1000000000", "bytes, more than this machine's memory"});
+  const Exit e =
+      gdn("run --chunk 1000000000 -T 64 --heads-k 1 --heads-v 2 --dim-k 16 --dim-v 8 --ranks 1 > "
+          "/dev/null");
+  EXPECT_EQ(e.status, 0) << e.message;
+}
+
 }  // namespace
 }  // namespace gdn

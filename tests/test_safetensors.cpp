@@ -244,6 +244,19 @@ TEST_F(Safetensors, ReadsLazily) {
   expect_error([&] { file.read("k"); }, {p, "no tensor \"k\""});
 }
 
+// A (sparse) file claiming 8 TiB in one tensor: reading it is a gdn::Error naming the tensor
+// and the bytes, not std::bad_alloc.
+TEST_F(Safetensors, AHugeTensorIsAnErrorNamingItsBytes) {
+  const std::int64_t big = std::int64_t{1} << 43;
+  const std::string header = fmt::format(
+      R"({{"q": {{"dtype": "F32", "shape": [{}], "data_offsets": [0, {}]}}}})", big / 4, big);
+  const std::string p = make_file(header, "");
+  fs::resize_file(p, 8 + header.size() + static_cast<std::uintmax_t>(big));
+  const SafetensorsFile file(p);
+  expect_error([&] { file.read("q"); },
+               {p, "tensor \"q\": cannot allocate a tensor of f32", "8796093022208 bytes"});
+}
+
 TEST_F(Safetensors, MissingPathNamesThePath) {
   const std::string p = path("no_such.safetensors");
   expect_error([&] { read_safetensors(p); }, {p});

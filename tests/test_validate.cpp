@@ -224,5 +224,17 @@ TEST(SliceTokens, ShardOfChecksGradientsOfOutputFirst) {
   expect_error([&] { shard_of(f.data, 2, 2); }, "rank 2 must be in [0, 2)");
 }
 
+TEST(HostTensor, HugeOrNegativeSizesAreErrorsNamingTheBytes) {
+  expect_error([] { HostTensor::zeros(DType::f32, {std::int64_t{1} << 50}); },
+               "cannot allocate a tensor of f32 [1125899906842624]: 4503599627370496 bytes, more "
+               "than this machine's memory");
+  expect_error(
+      [] {
+        HostTensor::zeros(DType::f64, {std::int64_t{1} << 40, std::int64_t{1} << 40});
+      },
+      "overflows 64 bits");
+  expect_error([] { HostTensor::zeros(DType::f32, {2, -1}); }, "a dimension is negative");
+}
+
 }  // namespace
 }  // namespace gdn

@@ -90,6 +90,10 @@ struct LayerCommandOptions {
 void add_layer_options(CLI::App& command, LayerCommandOptions& options);
 int layer(const LayerCommandOptions& options);
 
+// Throws gdn::Error naming `what` (the options that sized it) when `bytes` exceed this machine's
+// memory: checked before the allocations, so a huge size is an error, not std::bad_alloc.
+void require_memory(const std::string& what, double bytes);
+
 // gdn run --layer: times the layer single-rank and (with ranks or mpirun) per strategy.
 bool run_layer_job(const RunOptions& options, Communicator* world);
 

@@ -179,6 +179,14 @@ bool run_layer_job(const RunOptions& options, Communicator* world) {
                            .linear_key_head_dim = p.K,
                            .linear_value_head_dim = p.V,
                            .linear_conv_kernel_dim = 4};
+  // Weights and their gradients; x, dO, out, dx and about 12 activations of the layer's width.
+  const double width = static_cast<double>(config.conv_dim() + 2 * config.value_dim());
+  require_memory(
+      fmt::format("gdn run --layer --hidden {} -B {} -T {} (the layer's weights and activations)",
+                  options.hidden, p.B, p.T),
+      4 * (2 * width * static_cast<double>(options.hidden) +
+           static_cast<double>(p.B) * static_cast<double>(p.T) *
+               (4 * static_cast<double>(options.hidden) + 12 * width)));
   const LayerWeights weights = random_parameters(config, DType::f32, p.seed);
   HostTensor x = HostTensor::zeros(DType::f32, {p.B, p.T, options.hidden}), d_out = x;
   std::mt19937_64 rng(p.seed + 1);

@@ -2,7 +2,9 @@
 // float64 recurrence on one key head and its value heads.
 
 #include <omp.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -17,6 +19,7 @@
 #include "commands.h"
 #include "context_parallel_job.h"
 #include "cuda_job.h"
+#include "gdn/error.h"
 
 namespace gdn::app {
 namespace {
@@ -26,12 +29,13 @@ namespace {
 //      + C^2 K [Q K^T] + C^2 V [P Vn] + C K V [K^T Vn]) + C^3 / 3 [triangular solve].
 // Backward counts as 3x forward: twice the forward's products, plus the forward it recomputes.
 double forward_flops(const Problem& p) {
-  const double C = p.chunk_size, K = static_cast<double>(p.K), V = static_cast<double>(p.V);
+  const double C = static_cast<double>(std::min<std::int64_t>(p.chunk_size, p.T)),
+               K = static_cast<double>(p.K), V = static_cast<double>(p.V);
   const double per_chunk = 2 * (3 * C * C * K + 2 * C * C * V + 3 * C * K * V) + C * C * C / 3;
   const std::vector<std::int64_t> lengths =
       p.seqlens.empty() ? std::vector<std::int64_t>(static_cast<std::size_t>(p.B), p.T) : p.seqlens;
   std::int64_t chunks = 0;
-  for (std::int64_t length : lengths) chunks += (length + p.chunk_size - 1) / p.chunk_size;
+  for (std::int64_t length : lengths) chunks += (length - 1) / p.chunk_size + 1;
   return per_chunk * static_cast<double>(chunks * p.HV);
 }
 
@@ -113,6 +117,14 @@ std::vector<Check> check_first_head(const Problem& p, const ProblemData& data,
 }
 
 }  // namespace
+
+void require_memory(const std::string& what, double bytes) {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  const double memory = static_cast<double>(pages) * static_cast<double>(page);
+  if (pages > 0 && page > 0 && bytes > memory)
+    throw Error(fmt::format("{} needs {:.3g} bytes, more than this machine's memory ({:.3g} bytes)",
+                            what, bytes, memory));
+}
 
 void add_run_options(CLI::App& command, RunOptions& options) {
   Problem& p = options.problem;
@@ -325,6 +337,13 @@ int run(const RunOptions& options) {
         p.B, p.T, p.HK, p.HV, p.K, p.V, dtype_name(p.dtype), p.chunk_size,
         p.use_qk_l2norm ? "on" : "off", p.seed, options.threads);
 
+  // Inputs q k v g beta dO and results o dq dk dv dg dbeta, of the storage dtype (g in f32).
+  const double elements = static_cast<double>(p.B) * static_cast<double>(p.T) *
+                          static_cast<double>(4 * p.HK * p.K + 4 * p.HV * p.V + 5 * p.HV);
+  require_memory(fmt::format("gdn run -B {} -T {} --heads-k {} --heads-v {} --dim-k {} --dim-v {} "
+                             "(the problem's inputs and results)",
+                             p.B, p.T, p.HK, p.HV, p.K, p.V),
+                 elements * static_cast<double>(std::max<std::size_t>(dtype_size(p.dtype), 4)));
   ProblemData data = generate(p);
   ProblemResults results = allocate_results(p, p.dtype);
   const double tolerance = p.dtype == DType::f32 ? 1e-4 : 2e-2;

@@ -27,7 +27,8 @@ std::vector<Span> chunk_spans(const std::vector<Sequence>& seqs, std::int64_t C)
 Packed pack(const DeltaRuleInputs& in, const DeltaRuleShape& s, const std::vector<Span>& spans,
             const std::vector<Sequence>& seqs) {
   const core::Layout at{s};
-  const std::int64_t C = in.chunk_size, K = s.K, group = s.HV / s.HK;
+  // No chunk holds more than T tokens: a larger chunk_size must not grow qk and kk beyond T.
+  const std::int64_t C = std::min<std::int64_t>(in.chunk_size, s.T), K = s.K, group = s.HV / s.HK;
   const auto key_rows = static_cast<std::size_t>(s.B * s.HK * s.T);
   const auto value_rows = static_cast<std::size_t>(s.B * s.HV * s.T);
   Packed p{.s = s,

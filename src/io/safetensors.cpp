@@ -7,7 +7,6 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
-#include <new>
 #include <optional>
 #include <set>
 #include <string_view>
@@ -225,14 +224,13 @@ HostTensor SafetensorsFile::read(const std::string& name) const {
   const auto it = entries_.find(name);
   if (it == entries_.end()) throw Error(fmt::format("{}: no tensor \"{}\"", path_, name));
   const SafetensorsEntry& e = it->second;
-  HostTensor t{e.dtype, e.shape, {}};
-  const auto size = static_cast<std::size_t>(e.end - e.begin);
+  HostTensor t;
   try {
-    t.bytes.resize(size);
-  } catch (const std::bad_alloc&) {
-    throw Error(fmt::format("{}: tensor \"{}\" ({} {}): cannot allocate its {} bytes", path_, name,
-                            dtype_name(e.dtype), t.ref().shape_string(), size));
+    t = HostTensor::zeros(e.dtype, e.shape);
+  } catch (const Error& error) {
+    throw Error(fmt::format("{}: tensor \"{}\": {}", path_, name, error.what()));
   }
+  const std::size_t size = t.bytes.size();
   std::ifstream file(path_, std::ios::binary);
   file.seekg(static_cast<std::streamoff>(data_start_ + e.begin));
   file.read(reinterpret_cast<char*>(t.bytes.data()), static_cast<std::streamsize>(size));
