@@ -9,8 +9,9 @@ backward, on the CPU and on Hopper GPUs.
 
 from . import _gdn
 from .ops import chunk_gated_delta_rule
+from .transformers_patch import patch_transformers
 
 has_cuda = _gdn.has_cuda
 
-__all__ = ["chunk_gated_delta_rule", "has_cuda"]
+__all__ = ["chunk_gated_delta_rule", "has_cuda", "patch_transformers"]
 __version__ = "0.1.0"
