@@ -1,0 +1,23 @@
+"""The extension's low-level calls on DLPack tensors (gdn.ops wraps them for torch)."""
+
+from typing import Any, Optional
+
+has_cuda: bool
+
+def workspace_bytes(q: Any, k: Any, v: Any, g: Any, beta: Any, initial_state: Optional[Any],
+                    cu_seqlens: Optional[Any], cu_seqlens_host: Optional[Any],
+                    backward: bool) -> int:
+    """Device workspace bytes of a forward or backward on CUDA (0 on the CPU)."""
+
+def forward(q: Any, k: Any, v: Any, g: Any, beta: Any, initial_state: Optional[Any],
+            cu_seqlens: Optional[Any], o: Any, final_state: Optional[Any], scale: float,
+            use_qk_l2norm: bool, method: str, stream: int, workspace: Optional[Any],
+            cu_seqlens_host: Optional[Any]) -> None:
+    """o (and final_state) from the inputs, written into the given tensors."""
+
+def backward(q: Any, k: Any, v: Any, g: Any, beta: Any, initial_state: Optional[Any],
+             cu_seqlens: Optional[Any], d_o: Any, d_final_state: Optional[Any], dq: Any,
+             dk: Any, dv: Any, dg: Any, dbeta: Any, dh0: Optional[Any], scale: float,
+             use_qk_l2norm: bool, method: str, stream: int, workspace: Optional[Any],
+             cu_seqlens_host: Optional[Any]) -> None:
+    """Every gradient, written into the given tensors."""
