@@ -3,6 +3,7 @@
 // options struct. Commands print for the user and return the exit status; gdn::Error propagates
 // to main.
 
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -34,9 +35,15 @@ CLI::Option* add_choice(CLI::App& command, const std::string& name, T& value,
       ->option_text(fmt::format("{}", fmt::join(names, "|")));
 }
 
-// --ranks and --strategy of the subcommands that run context parallel ("all" only for gdn run).
+// --ranks, --strategy and --timeout of the subcommands that run context parallel ("all" only
+// for gdn run).
 inline void add_ranks_options(CLI::App& command, int& ranks, std::string& strategy,
-                              bool allow_all) {
+                              std::int64_t& timeout_ms, bool allow_all) {
+  command
+      .add_option("--timeout", timeout_ms,
+                  "Milliseconds a rank waits for its peers in one exchange before it fails "
+                  "naming them (in-process ranks and mpirun's processes)")
+      ->check(CLI::PositiveNumber);
   command
       .add_option("--ranks", ranks,
                   "Context parallel over this many in-process ranks (under mpirun: its "
@@ -61,8 +68,9 @@ struct RunOptions {
   int ranks = 2;                  // context parallel: in-process ranks (mpirun: its processes)
   std::string strategy = "auto";  // a strategy name, or "all"
   std::string device = "cpu";     // or "cuda": the op on the GPU (bf16 inputs unless f16)
-  bool layer = false;             // the whole layer with random weights instead of the op
-  std::int64_t hidden = 4096;     // the layer's hidden size
+  std::int64_t timeout_ms = kDefaultTimeout.count();  // of the communicators (CPU, mpirun)
+  bool layer = false;          // the whole layer with random weights instead of the op
+  std::int64_t hidden = 4096;  // the layer's hidden size
 };
 void add_run_options(CLI::App& command, RunOptions& options);
 int run(const RunOptions& options);
@@ -77,6 +85,7 @@ struct OpOptions {
   int ranks = 1;  // context parallel, as for gdn run
   std::string strategy = "auto";
   std::string device = "cpu";  // or "cuda"
+  std::int64_t timeout_ms = kDefaultTimeout.count();
 };
 void add_op_options(CLI::App& command, OpOptions& options);
 int op(const OpOptions& options);
@@ -86,6 +95,7 @@ struct LayerCommandOptions {
   std::string config, weights, prefix, input, output;
   int ranks = 1;
   std::string strategy = "auto";
+  std::int64_t timeout_ms = kDefaultTimeout.count();
 };
 void add_layer_options(CLI::App& command, LayerCommandOptions& options);
 int layer(const LayerCommandOptions& options);

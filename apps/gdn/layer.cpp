@@ -75,17 +75,20 @@ LayerRun run_layer(Communicator* comm, const CpOptions& cp, const LayerConfig& c
 }
 
 // Runs the layer on one rank, or over the in-process ranks / mpirun's processes; rank 0's view.
-LayerRun run_anywhere(int ranks, int threads, const CpOptions& cp, const LayerConfig& config,
-                      const LayerWeights& weights, const HostTensor& x, const HostTensor& mask,
-                      const HostTensor& d_out, Communicator* world) {
+LayerRun run_anywhere(int ranks, int threads, Timeout timeout, const CpOptions& cp,
+                      const LayerConfig& config, const LayerWeights& weights, const HostTensor& x,
+                      const HostTensor& mask, const HostTensor& d_out, Communicator* world) {
   if (world) return run_layer(world, cp, config, weights, x, mask, d_out);
   if (ranks == 1) return run_layer(nullptr, cp, config, weights, x, mask, d_out);
   LayerRun result;
-  run_in_process(ranks, [&](Communicator& comm) {
-    omp_set_num_threads(std::max(1, threads / ranks));
-    LayerRun mine = run_layer(&comm, cp, config, weights, x, mask, d_out);
-    if (comm.rank() == 0) result = std::move(mine);
-  });
+  run_in_process(
+      ranks,
+      [&](Communicator& comm) {
+        omp_set_num_threads(std::max(1, threads / ranks));
+        LayerRun mine = run_layer(&comm, cp, config, weights, x, mask, d_out);
+        if (comm.rank() == 0) result = std::move(mine);
+      },
+      timeout);
   return result;
 }
 
@@ -132,7 +135,7 @@ void add_layer_options(CLI::App& command, LayerCommandOptions& options) {
                   "safetensors to write: output and, with grad_output, grad.hidden_states and "
                   "grad.<parameter> for every parameter (f32)")
       ->required();
-  add_ranks_options(command, options.ranks, options.strategy, false);
+  add_ranks_options(command, options.ranks, options.strategy, options.timeout_ms, false);
 }
 
 int layer(const LayerCommandOptions& options) {
@@ -154,10 +157,11 @@ int layer(const LayerCommandOptions& options) {
   const HostTensor d_out = take("grad_output");
   check_layer_inputs(options.input, config, x, mask, d_out);
 
-  std::unique_ptr<Communicator> world = launched_by_mpirun() ? mpi_world() : nullptr;
-  LayerRun r =
-      run_anywhere(options.ranks, omp_get_max_threads(), {parse_strategy(options.strategy)}, config,
-                   weights, x, mask, d_out, world.get());
+  std::unique_ptr<Communicator> world =
+      launched_by_mpirun() ? mpi_world(Timeout(options.timeout_ms)) : nullptr;
+  LayerRun r = run_anywhere(options.ranks, omp_get_max_threads(), Timeout(options.timeout_ms),
+                            {parse_strategy(options.strategy)}, config, weights, x, mask, d_out,
+                            world.get());
   if (world && world->rank() != 0) return 0;
   TensorMap out;
   out["output"] = std::move(r.out);
@@ -201,9 +205,10 @@ bool run_layer_job(const RunOptions& options, Communicator* world) {
         "weights (seed {})\n\n{:<26}{:>10}{:>14}{:>14}{:>13}\n",
         p.B, p.T, options.hidden, p.HK, p.HV, p.K, p.V, p.seed, "layer", "fwd (ms)", "fwd+bwd (ms)",
         "tokens/s", "error");
-  LayerRun single;
+  // Under mpirun every rank runs the single-rank pass too: no rank may wait in a collective call
+  // while another works alone.
+  const LayerRun single = run_layer(nullptr, {}, config, weights, x, {}, d_out);
   if (printer) {
-    single = run_layer(nullptr, {}, config, weights, x, {}, d_out);
     fmt::print("{:<26}{:>10.1f}{:>14.1f}{:>14.0f}{:>13}\n", "single rank",
                single.forward_seconds * 1e3, single.total_seconds * 1e3,
                tokens / single.total_seconds, "-");
@@ -216,8 +221,8 @@ bool run_layer_job(const RunOptions& options, Communicator* world) {
   for (Strategy s : strategies) {
     const int ranks = world ? world->size() : options.ranks;
     if (s == Strategy::ulysses && (p.HK % ranks != 0 || p.HV % ranks != 0)) continue;
-    LayerRun cp =
-        run_anywhere(options.ranks, options.threads, {s}, config, weights, x, {}, d_out, world);
+    LayerRun cp = run_anywhere(options.ranks, options.threads, Timeout(options.timeout_ms), {s},
+                               config, weights, x, {}, d_out, world);
     if (!printer) continue;
     double error = std::max(relative_error(cp.out.ref(), single.out.ref()),
                             relative_error(cp.dx.ref(), single.dx.ref()));

@@ -47,7 +47,7 @@ void add_op_options(CLI::App& command, OpOptions& options) {
                    "L2-normalize q and k in the op (use_qk_l2norm_in_kernel)");
   command.add_option("--chunk", options.chunk_size, "Chunk size C of the chunked method")
       ->check(CLI::PositiveNumber);
-  add_ranks_options(command, options.ranks, options.strategy, false);
+  add_ranks_options(command, options.ranks, options.strategy, options.timeout_ms, false);
   command
       .add_option("--device", options.device,
                   "cpu, or cuda (bf16 or f16 inputs; with --ranks or mpirun, context parallel "
@@ -88,7 +88,8 @@ int op(const OpOptions& options) {
   const bool backward = !data.d_o.bytes.empty();
   validate(data);  // names the tensor before anything slices or runs it
 
-  std::unique_ptr<Communicator> world = launched_by_mpirun() ? mpi_world() : nullptr;
+  std::unique_ptr<Communicator> world =
+      launched_by_mpirun() ? mpi_world(Timeout(options.timeout_ms)) : nullptr;
   ProblemResults results;
   if (options.device == "cuda" && !world && options.ranks == 1) {
     CudaTimes times;
@@ -111,10 +112,13 @@ int op(const OpOptions& options) {
       results = run_context_parallel(*world, data, cp, backward, stats);
       if (world->rank() != 0) return 0;  // rank 0 writes the file
     } else {
-      run_in_process(options.ranks, [&](Communicator& comm) {
-        ProblemResults whole = run_context_parallel(comm, data, cp, backward, stats);
-        if (comm.rank() == 0) results = std::move(whole);
-      });
+      run_in_process(
+          options.ranks,
+          [&](Communicator& comm) {
+            ProblemResults whole = run_context_parallel(comm, data, cp, backward, stats);
+            if (comm.rank() == 0) results = std::move(whole);
+          },
+          Timeout(options.timeout_ms));
     }
   }
 
