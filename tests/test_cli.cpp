@@ -352,5 +352,24 @@ TEST_F(Cli, RunRejectsSizesBeyondTheMachinesMemory) {
   EXPECT_EQ(e.status, 0) << e.message;
 }
 
+// CLI errors in words, and --version.
+TEST_F(Cli, SaysWhatIsWrongInWords) {
+  const auto expect_message = [](const Exit& e, int status, const std::string& part) {
+    EXPECT_EQ(e.status, status) << e.message;
+    EXPECT_NE(e.message.find(part), std::string::npos) << e.message << " lacks " << part;
+  };
+  expect_message(gdn("foo"), 2, "gdn: error: unknown command \"foo\": expected run, op or layer");
+  expect_message(gdn(""), 2, "gdn: error: a command is required: expected run, op or layer");
+  for (const char* option : {"--chunk", "-T", "--ranks", "--threads", "--timeout"}) {
+    const Exit e = gdn(fmt::format("run {} 0", option));
+    expect_message(e, 105, "must be a positive integer, got 0");
+    EXPECT_EQ(e.message.find("not in range"), std::string::npos) << e.message;
+  }
+  ASSERT_EQ(gdn(fmt::format("--version > '{}'", path("version.txt"))).status, 0);
+  std::ifstream f(path("version.txt"));
+  const std::string version{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+  EXPECT_EQ(version.rfind("gdn ", 0), 0u) << version;
+}
+
 }  // namespace
 }  // namespace gdn

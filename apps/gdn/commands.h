@@ -3,8 +3,10 @@
 // options struct. Commands print for the user and return the exit status; gdn::Error propagates
 // to main.
 
+#include <charconv>
 #include <cstdint>
 #include <string>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -18,6 +20,19 @@
 #include "gdn/problem.h"
 
 namespace gdn::app {
+
+// Positive integers, in words (CLI11's PositiveNumber says "Value 0 not in range 0.000000 to
+// 1797693...").
+inline const CLI::Validator kPositive(
+    [](std::string& value) {
+      std::int64_t parsed = 0;
+      const char* end = value.data() + value.size();
+      const auto [at, error] = std::from_chars(value.data(), end, parsed);
+      if (error != std::errc{} || at != end || parsed < 1)
+        return fmt::format("must be a positive integer, got {}", value);
+      return std::string();
+    },
+    "", "positive");
 
 // An option naming one of `choices`; help and errors list the names (CLI11's enum mapping would
 // show the enum's integers).
@@ -43,12 +58,12 @@ inline void add_ranks_options(CLI::App& command, int& ranks, std::string& strate
       .add_option("--timeout", timeout_ms,
                   "Milliseconds a rank waits for its peers in one exchange before it fails "
                   "naming them (in-process ranks and mpirun's processes)")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   command
       .add_option("--ranks", ranks,
                   "Context parallel over this many in-process ranks (under mpirun: its "
                   "processes; 1: one rank); T must be divisible by it")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   std::vector<std::string> names;
   if (allow_all) names.emplace_back("all");
   for (Strategy s : all_strategies()) names.emplace_back(strategy_name(s));

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <exception>
+#include <string>
 
 #include <fmt/core.h>
 #include <CLI/CLI.hpp>
@@ -28,7 +29,19 @@ int main(int argc, char** argv) {
       "layer", "Run the Qwen3.5 GatedDeltaNet layer on a checkpoint and an input file");
   gdn::app::add_layer_options(*layer, layer_options);
 
-  CLI11_PARSE(app, argc, argv);
+  app.set_version_flag("--version", "gdn " GDN_VERSION);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // CLI11 says "A subcommand is required" for both `gdn` and `gdn foo`.
+    if (e.get_name() == "RequiredError" && app.get_subcommands().empty()) {
+      const std::string given = argc > 1 ? fmt::format("unknown command \"{}\"", argv[1])
+                                         : std::string("a command is required");
+      fmt::print(stderr, "gdn: error: {}: expected run, op or layer (gdn --help)\n", given);
+      return 2;
+    }
+    return app.exit(e);
+  }
   try {
     if (run->parsed()) return gdn::app::run(run_options);
     if (layer->parsed()) return gdn::app::layer(layer_options);

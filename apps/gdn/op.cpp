@@ -46,7 +46,7 @@ void add_op_options(CLI::App& command, OpOptions& options) {
   command.add_flag("--l2norm", options.use_qk_l2norm,
                    "L2-normalize q and k in the op (use_qk_l2norm_in_kernel)");
   command.add_option("--chunk", options.chunk_size, "Chunk size C of the chunked method")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   add_ranks_options(command, options.ranks, options.strategy, options.timeout_ms, false);
   command
       .add_option("--device", options.device,

@@ -130,15 +130,13 @@ void add_run_options(CLI::App& command, RunOptions& options) {
   Problem& p = options.problem;
   p.T = 2048;  // forward + backward in a few seconds on 2 cores
   options.threads = omp_get_max_threads();
-  command.add_option("-B,--batch", p.B, "Batch size B")->check(CLI::PositiveNumber);
-  command.add_option("-T,--seq-len", p.T, "Tokens per sequence T")->check(CLI::PositiveNumber);
-  command.add_option("--heads-k", p.HK, "Query and key heads HK")->check(CLI::PositiveNumber);
-  command.add_option("--heads-v", p.HV, "Value heads HV, a multiple of HK")
-      ->check(CLI::PositiveNumber);
-  command.add_option("--dim-k", p.K, "Query and key head dimension K")->check(CLI::PositiveNumber);
-  command.add_option("--dim-v", p.V, "Value head dimension V")->check(CLI::PositiveNumber);
-  command.add_option("--chunk", p.chunk_size, "Chunk size C of the chunked path")
-      ->check(CLI::PositiveNumber);
+  command.add_option("-B,--batch", p.B, "Batch size B")->check(kPositive);
+  command.add_option("-T,--seq-len", p.T, "Tokens per sequence T")->check(kPositive);
+  command.add_option("--heads-k", p.HK, "Query and key heads HK")->check(kPositive);
+  command.add_option("--heads-v", p.HV, "Value heads HV, a multiple of HK")->check(kPositive);
+  command.add_option("--dim-k", p.K, "Query and key head dimension K")->check(kPositive);
+  command.add_option("--dim-v", p.V, "Value head dimension V")->check(kPositive);
+  command.add_option("--chunk", p.chunk_size, "Chunk size C of the chunked path")->check(kPositive);
   add_choice(command, "--dtype", p.dtype,
              {{"f32", DType::f32}, {"bf16", DType::bf16}, {"f16", DType::f16}},
              "Storage dtype of q, k, v, beta, dO and the results (default f32)");
@@ -149,7 +147,7 @@ void add_run_options(CLI::App& command, RunOptions& options) {
   command.add_flag("--initial-state", p.initial_state,
                    "Start from a random initial state (adds dh0 to the check)");
   command.add_option("--threads", options.threads, "OpenMP threads (default: all cores)")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   add_ranks_options(command, options.ranks, options.strategy, options.timeout_ms, true);
   command
       .add_option("--device", options.device,
@@ -161,7 +159,7 @@ void add_run_options(CLI::App& command, RunOptions& options) {
                    "The whole Qwen3.5 GatedDeltaNet layer (random weights, conv kernel 4) instead "
                    "of the op; the heads and dims options shape it");
   command.add_option("--hidden", options.hidden, "The layer's hidden size (with --layer)")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   command.footer(
       "Times one forward and one backward call of the chunked path, then checks outputs, final "
       "state and gradients of key head 0 against the float64 recurrence. GFLOP/s counts forward "
