@@ -2,8 +2,11 @@
 so torch.compile(fullgraph=True) and CUDA graphs see through them) and their autograd.
 
 On CUDA: q, k, v (and beta) bf16 or f16, g f32, states f32, K = V = 128, on the current stream,
-workspaces from torch's caching allocator. On the CPU: f32 (the chunked path) or f64 (the
-float64 recurrence, for gradcheck). cu_seqlens on a GPU is copied to the host once per call.
+workspaces from torch's caching allocator. Without cu_seqlens the forward keeps its
+intermediates (a workspace sized from shapes alone, an output of the op) and the backward reads
+them; with cu_seqlens, which a GPU tensor copies to the host once per call, the backward
+recomputes them. On the CPU: f32 (the chunked path) or f64 (the float64 recurrence, for
+gradcheck).
 """
 
 from typing import Optional, Tuple
@@ -33,11 +36,25 @@ def _host(cu_seqlens: Optional[Tensor]) -> Optional[Tensor]:
     return cu_seqlens.cpu()
 
 
-def _workspace(q, k, v, g, beta, h0, cu_seqlens, host, backward) -> Optional[Tensor]:
+def _workspace(q, k, v, g, beta, h0, cu_seqlens, host, backward, save=False) -> Optional[Tensor]:
     if not q.is_cuda:
         return None
-    nbytes = _gdn.workspace_bytes(q, k, v, g, beta, h0, cu_seqlens, host, backward)
+    nbytes = _gdn.workspace_bytes(q, k, v, g, beta, h0, cu_seqlens, host, backward, save)
     return torch.empty(max(nbytes, 1), dtype=torch.uint8, device=q.device)
+
+
+_DTYPE_NAMES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
+
+
+def _saved_bytes(q, k, v, beta, initial_state, cu_seqlens, training) -> int:
+    """Bytes of the intermediates a training forward keeps for its backward (CUDA, no
+    cu_seqlens), from shapes alone so that the fake implementation knows them too."""
+    if (not training or q.device.type != "cuda" or cu_seqlens is not None
+            or q.dtype not in _DTYPE_NAMES):
+        return 0
+    B, T, HK, K = q.shape
+    return _gdn.saved_workspace_bytes(B, T, HK, v.shape[2], K, v.shape[3], _DTYPE_NAMES[q.dtype],
+                                      _DTYPE_NAMES.get(beta.dtype, "?"), initial_state is not None)
 
 
 def _sequences(q: Tensor, cu_seqlens: Optional[Tensor]) -> int:
@@ -47,61 +64,73 @@ def _sequences(q: Tensor, cu_seqlens: Optional[Tensor]) -> int:
 @torch.library.custom_op("gdn::chunk_gated_delta_rule_fwd", mutates_args=())
 def _forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
              initial_state: Optional[Tensor], cu_seqlens: Optional[Tensor], scale: float,
-             use_qk_l2norm: bool) -> Tuple[Tensor, Tensor]:
+             use_qk_l2norm: bool, training: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    """(o, final_state, saved): saved holds the intermediates for the backward (may be empty)."""
     o = torch.empty(v.shape, dtype=q.dtype, device=q.device)
     final_state = torch.empty((_sequences(q, cu_seqlens), v.shape[2], k.shape[3], v.shape[3]),
                               dtype=_state_dtype(q), device=q.device)
     host = _host(cu_seqlens)
-    workspace = _workspace(q, k, v, g, beta, initial_state, cu_seqlens, host, False)
+    saved_bytes = _saved_bytes(q, k, v, beta, initial_state, cu_seqlens, training)
+    saved = torch.empty(saved_bytes, dtype=torch.uint8, device=q.device)
+    workspace = saved if saved_bytes else _workspace(q, k, v, g, beta, initial_state, cu_seqlens,
+                                                     host, False)
     _gdn.forward(q, k, v, g, beta, initial_state, cu_seqlens, o, final_state, scale,
-                 use_qk_l2norm, _method(q), _stream(q), workspace, host)
-    return o, final_state
+                 use_qk_l2norm, _method(q), _stream(q), workspace, host, saved_bytes > 0)
+    return o, final_state, saved
 
 
 @_forward.register_fake
-def _(q, k, v, g, beta, initial_state, cu_seqlens, scale, use_qk_l2norm):
+def _(q, k, v, g, beta, initial_state, cu_seqlens, scale, use_qk_l2norm, training):
     n = q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    saved_bytes = _saved_bytes(q, k, v, beta, initial_state, cu_seqlens, training)
     return (q.new_empty(v.shape),
-            q.new_empty((n, v.shape[2], k.shape[3], v.shape[3]), dtype=_state_dtype(q)))
+            q.new_empty((n, v.shape[2], k.shape[3], v.shape[3]), dtype=_state_dtype(q)),
+            q.new_empty(saved_bytes, dtype=torch.uint8))
 
 
 @torch.library.custom_op("gdn::chunk_gated_delta_rule_bwd", mutates_args=())
 def _backward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
-              initial_state: Optional[Tensor], cu_seqlens: Optional[Tensor], d_o: Tensor,
-              d_final_state: Optional[Tensor], scale: float,
+              initial_state: Optional[Tensor], cu_seqlens: Optional[Tensor], saved: Tensor,
+              d_o: Tensor, d_final_state: Optional[Tensor], scale: float,
               use_qk_l2norm: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dg, dbeta = torch.empty_like(g), torch.empty_like(beta)
     dh0 = torch.empty_like(initial_state) if initial_state is not None else q.new_empty(0)
     host = _host(cu_seqlens)
-    workspace = _workspace(q, k, v, g, beta, initial_state, cu_seqlens, host, True)
+    reuse = saved.numel() > 0
+    workspace = _workspace(q, k, v, g, beta, initial_state, cu_seqlens, host, True, reuse)
     _gdn.backward(q, k, v, g, beta, initial_state, cu_seqlens, d_o, d_final_state,
                   dq, dk, dv, dg, dbeta, dh0 if initial_state is not None else None, scale,
-                  use_qk_l2norm, _method(q), _stream(q), workspace, host)
+                  use_qk_l2norm, _method(q), _stream(q), workspace, host,
+                  saved if reuse else None)
     return dq, dk, dv, dg, dbeta, dh0
 
 
 @_backward.register_fake
-def _(q, k, v, g, beta, initial_state, cu_seqlens, d_o, d_final_state, scale, use_qk_l2norm):
+def _(q, k, v, g, beta, initial_state, cu_seqlens, saved, d_o, d_final_state, scale,
+      use_qk_l2norm):
     dh0 = torch.empty_like(initial_state) if initial_state is not None else q.new_empty(0)
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(g),
             torch.empty_like(beta), dh0)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, g, beta, initial_state, cu_seqlens, scale, use_qk_l2norm = inputs
-    ctx.save_for_backward(q, k, v, g, beta, initial_state, cu_seqlens)
+    q, k, v, g, beta, initial_state, cu_seqlens, scale, use_qk_l2norm, _ = inputs
+    ctx.save_for_backward(q, k, v, g, beta, initial_state, cu_seqlens, output[2])
     ctx.scale, ctx.use_qk_l2norm = scale, use_qk_l2norm
 
 
-def _autograd_backward(ctx, d_o, d_final_state):
-    q, k, v, g, beta, initial_state, cu_seqlens = ctx.saved_tensors
+def _autograd_backward(ctx, d_o, d_final_state, _d_saved):
+    q, k, v, g, beta, initial_state, cu_seqlens, saved = ctx.saved_tensors
+    if d_o is None:
+        d_o = torch.zeros_like(v)
     if d_final_state is not None:
         d_final_state = d_final_state.contiguous()  # sum()'s gradient comes expanded
-    dq, dk, dv, dg, dbeta, dh0 = _backward(q, k, v, g, beta, initial_state, cu_seqlens,
+    dq, dk, dv, dg, dbeta, dh0 = _backward(q, k, v, g, beta, initial_state, cu_seqlens, saved,
                                            d_o.contiguous(), d_final_state, ctx.scale,
                                            ctx.use_qk_l2norm)
-    return dq, dk, dv, dg, dbeta, dh0 if initial_state is not None else None, None, None, None
+    return (dq, dk, dv, dg, dbeta, dh0 if initial_state is not None else None, None, None, None,
+            None)
 
 
 _forward.register_autograd(_autograd_backward, setup_context=_setup_context)
@@ -134,11 +163,11 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale: Optional[float] = None,
     _check_tensor("cu_seqlens", cu_seqlens, required=False)
     if scale is None:
         scale = 0.0  # the library's default, K^-1/2
-    o, final_state = _forward(q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(),
-                              beta.contiguous(),
-                              None if initial_state is None else initial_state.contiguous(),
-                              None if cu_seqlens is None else cu_seqlens.contiguous(),
-                              float(scale), bool(use_qk_l2norm_in_kernel))
+    tensors = [x if x is None else x.contiguous()
+               for x in (q, k, v, g, beta, initial_state, cu_seqlens)]
+    training = torch.is_grad_enabled() and any(
+        x is not None and x.requires_grad for x in tensors[:6])
+    o, final_state, _ = _forward(*tensors, float(scale), bool(use_qk_l2norm_in_kernel), training)
     return o, final_state if output_final_state else None
 
 

@@ -84,8 +84,11 @@ gdn::Method method_of(const std::string& name) {
 }
 
 #ifdef GDN_PYTHON_CUDA
+// save: a forward that keeps its intermediates for the backward, or a backward that reads them
+// from forward_workspace.
 gdn::CudaContext context(std::uintptr_t stream, const Optional& workspace,
-                         const Optional& cu_seqlens_host) {
+                         const Optional& cu_seqlens_host, bool save,
+                         const Optional& forward_workspace) {
   gdn::CudaContext ctx;
   ctx.stream = reinterpret_cast<CUstream_st*>(stream);
   if (workspace) {
@@ -93,7 +96,18 @@ gdn::CudaContext context(std::uintptr_t stream, const Optional& workspace,
     ctx.workspace_bytes = workspace->nbytes();
   }
   ctx.cu_seqlens_host = ref(cu_seqlens_host, "cu_seqlens_host");
+  ctx.save_for_backward = save;
+  if (forward_workspace) {
+    ctx.forward_workspace = forward_workspace->data();
+    ctx.forward_workspace_bytes = forward_workspace->nbytes();
+  }
   return ctx;
+}
+
+gdn::DType dtype_named(const std::string& name) {
+  for (gdn::DType d : {gdn::DType::f32, gdn::DType::bf16, gdn::DType::f16})
+    if (gdn::dtype_name(d) == name) return d;
+  throw gdn::Error("dtype must be f32, bf16 or f16, got \"" + name + "\"");
 }
 #endif
 
@@ -122,31 +136,60 @@ NB_MODULE(_gdn, m) {
       "workspace_bytes",
       [](const Array& q, const Array& k, const Array& v, const Array& g, const Array& beta,
          const Optional& initial_state, const Optional& cu_seqlens, const Optional& cu_seqlens_host,
-         bool backward) -> std::size_t {
+         bool backward, bool save) -> std::size_t {
         const gdn::DeltaRuleInputs in =
             inputs(q, k, v, g, beta, initial_state, cu_seqlens, 0, false);
         if (!on_cuda(q, {{&initial_state, "initial_state"}, {&cu_seqlens, "cu_seqlens"}}))
           return 0;
 #ifdef GDN_PYTHON_CUDA
         const gdn::TensorRef host = ref(cu_seqlens_host, "cu_seqlens_host");
-        return backward ? gdn::delta_rule_backward_cuda_workspace(in, host)
-                        : gdn::delta_rule_forward_cuda_workspace(in, host);
+        return backward ? gdn::delta_rule_backward_cuda_workspace(in, host, save, save)
+                        : gdn::delta_rule_forward_cuda_workspace(in, host, save);
 #else
-        (void)cu_seqlens_host, (void)backward;
+        (void)cu_seqlens_host, (void)backward, (void)save;
         no_cuda();
 #endif
       },
       nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g"), nb::arg("beta"),
       nb::arg("initial_state").none(), nb::arg("cu_seqlens").none(),
-      nb::arg("cu_seqlens_host").none(), nb::arg("backward"),
-      "Device workspace bytes of a forward or backward on CUDA (0 on the CPU).");
+      nb::arg("cu_seqlens_host").none(), nb::arg("backward"), nb::arg("save"),
+      "Device workspace bytes of a forward or backward on CUDA (0 on the CPU); save: of a forward\n"
+      "that keeps its intermediates, or of the backward that reads them.");
+
+  m.def(
+      "saved_workspace_bytes",
+      [](std::int64_t B, std::int64_t T, std::int64_t HK, std::int64_t HV, std::int64_t K,
+         std::int64_t V, const std::string& dtype, const std::string& beta_dtype,
+         bool initial_state) -> std::size_t {
+#ifdef GDN_PYTHON_CUDA
+        // Shapes alone (no data is read without cu_seqlens): any non-null address will do.
+        void* const shape_only = reinterpret_cast<void*>(std::uintptr_t{256});
+        const gdn::DType dt = dtype_named(dtype);
+        gdn::DeltaRuleInputs in;
+        in.q = {shape_only, dt, {B, T, HK, K}};
+        in.k = {shape_only, dt, {B, T, HK, K}};
+        in.v = {shape_only, dt, {B, T, HV, V}};
+        in.g = {shape_only, gdn::DType::f32, {B, T, HV}};
+        in.beta = {shape_only, dtype_named(beta_dtype), {B, T, HV}};
+        if (initial_state) in.initial_state = {shape_only, gdn::DType::f32, {B, HV, K, V}};
+        return gdn::delta_rule_forward_cuda_workspace(in, {}, true);
+#else
+        (void)B, (void)T, (void)HK, (void)HV, (void)K, (void)V, (void)dtype, (void)beta_dtype,
+            (void)initial_state;
+        no_cuda();
+#endif
+      },
+      nb::arg("B"), nb::arg("T"), nb::arg("HK"), nb::arg("HV"), nb::arg("K"), nb::arg("V"),
+      nb::arg("dtype"), nb::arg("beta_dtype"), nb::arg("initial_state"),
+      "Workspace bytes of a saving forward on CUDA without cu_seqlens, from shapes alone.");
 
   m.def(
       "forward",
       [](const Array& q, const Array& k, const Array& v, const Array& g, const Array& beta,
          const Optional& initial_state, const Optional& cu_seqlens, const Array& o,
          const Optional& final_state, double scale, bool use_qk_l2norm, const std::string& method,
-         std::uintptr_t stream, const Optional& workspace, const Optional& cu_seqlens_host) {
+         std::uintptr_t stream, const Optional& workspace, const Optional& cu_seqlens_host,
+         bool save) {
         const gdn::DeltaRuleInputs in =
             inputs(q, k, v, g, beta, initial_state, cu_seqlens, scale, use_qk_l2norm);
         const gdn::DeltaRuleOutputs out{ref(o, "o"), ref(final_state, "final_state")};
@@ -158,9 +201,10 @@ NB_MODULE(_gdn, m) {
           return;
         }
 #ifdef GDN_PYTHON_CUDA
-        gdn::delta_rule_forward_cuda(in, out, context(stream, workspace, cu_seqlens_host));
+        gdn::delta_rule_forward_cuda(in, out,
+                                     context(stream, workspace, cu_seqlens_host, save, {}));
 #else
-        (void)stream, (void)workspace, (void)cu_seqlens_host;
+        (void)stream, (void)workspace, (void)cu_seqlens_host, (void)save;
         no_cuda();
 #endif
       },
@@ -168,8 +212,9 @@ NB_MODULE(_gdn, m) {
       nb::arg("initial_state").none(), nb::arg("cu_seqlens").none(), nb::arg("o"),
       nb::arg("final_state").none(), nb::arg("scale"), nb::arg("use_qk_l2norm"),
       nb::arg("method"), nb::arg("stream"), nb::arg("workspace").none(),
-      nb::arg("cu_seqlens_host").none(),
-      "o (and final_state) from the inputs, written into the given tensors.");
+      nb::arg("cu_seqlens_host").none(), nb::arg("save"),
+      "o (and final_state) from the inputs, written into the given tensors; save: keep the\n"
+      "intermediates in the workspace for the backward (CUDA).");
 
   m.def(
       "backward",
@@ -178,7 +223,8 @@ NB_MODULE(_gdn, m) {
          const Optional& d_final_state, const Array& dq, const Array& dk, const Array& dv,
          const Array& dg, const Array& dbeta, const Optional& dh0, double scale,
          bool use_qk_l2norm, const std::string& method, std::uintptr_t stream,
-         const Optional& workspace, const Optional& cu_seqlens_host) {
+         const Optional& workspace, const Optional& cu_seqlens_host,
+         const Optional& forward_workspace) {
         const gdn::DeltaRuleInputs in =
             inputs(q, k, v, g, beta, initial_state, cu_seqlens, scale, use_qk_l2norm);
         const gdn::DeltaRuleGrads grads{ref(d_o, "d_o"), ref(d_final_state, "d_final_state"),
@@ -193,9 +239,11 @@ NB_MODULE(_gdn, m) {
           return;
         }
 #ifdef GDN_PYTHON_CUDA
-        gdn::delta_rule_backward_cuda(in, grads, context(stream, workspace, cu_seqlens_host));
+        gdn::delta_rule_backward_cuda(in, grads,
+                                      context(stream, workspace, cu_seqlens_host,
+                                              forward_workspace.has_value(), forward_workspace));
 #else
-        (void)stream, (void)workspace, (void)cu_seqlens_host;
+        (void)stream, (void)workspace, (void)cu_seqlens_host, (void)forward_workspace;
         no_cuda();
 #endif
       },
@@ -205,5 +253,7 @@ NB_MODULE(_gdn, m) {
       nb::arg("dg"), nb::arg("dbeta"), nb::arg("dh0").none(), nb::arg("scale"),
       nb::arg("use_qk_l2norm"), nb::arg("method"), nb::arg("stream"),
       nb::arg("workspace").none(), nb::arg("cu_seqlens_host").none(),
-      "Every gradient, written into the given tensors.");
+      nb::arg("forward_workspace").none(),
+      "Every gradient, written into the given tensors; forward_workspace: a saving forward's, read\n"
+      "instead of recomputing (CUDA).");
 }

@@ -99,10 +99,11 @@ def test_gradcheck_f64():
 def test_opcheck():
     q, k, v, g, beta, h0, _ = inputs(B=1, T=9, HK=1, HV=2, K=8, V=4)
     fwd = torch.ops.gdn.chunk_gated_delta_rule_fwd
-    torch.library.opcheck(fwd, (q, k, v, g, beta, h0, None, 0.0, True))
+    torch.library.opcheck(fwd, (q, k, v, g, beta, h0, None, 0.0, True, True))
     d_o, dht = torch.randn_like(v), torch.randn_like(h0)
+    saved = torch.empty(0, dtype=torch.uint8)  # the CPU keeps nothing for the backward
     torch.library.opcheck(torch.ops.gdn.chunk_gated_delta_rule_bwd,
-                          (q, k, v, g, beta, h0, None, d_o, dht, 0.0, True))
+                          (q, k, v, g, beta, h0, None, saved, d_o, dht, 0.0, True))
 
 
 def test_compile_fullgraph():
