@@ -37,9 +37,9 @@ def main():
             with torch.no_grad():
                 gdn.chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True)
 
-        def train():
+        def train():  # fresh gradients, as bench_cuda writes them (no accumulation into .grad)
             o, _ = gdn.chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True)
-            torch.autograd.backward(o, d_o, inputs=[q, k, v, g, beta])
+            torch.autograd.grad(o, [q, k, v, g, beta], d_o)
 
         print(f"python gdn B=1 T={T} HK=16 HV=32: fwd {timed(forward):.3f} ms | "
               f"fwd+bwd {timed(train):.3f} ms", flush=True)
