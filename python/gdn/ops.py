@@ -118,6 +118,10 @@ def _setup_context(ctx, inputs, output):
     q, k, v, g, beta, initial_state, cu_seqlens, scale, use_qk_l2norm, _ = inputs
     ctx.save_for_backward(q, k, v, g, beta, initial_state, cu_seqlens, output[2])
     ctx.scale, ctx.use_qk_l2norm = scale, use_qk_l2norm
+    # The intermediates are no output to differentiate, and unused outputs' gradients stay None:
+    # materializing them would zero-fill the whole saved workspace every step.
+    ctx.mark_non_differentiable(output[2])
+    ctx.set_materialize_grads(False)
 
 
 def _autograd_backward(ctx, d_o, d_final_state, _d_saved):
