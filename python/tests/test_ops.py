@@ -180,3 +180,17 @@ def test_cuda_graph_capture():
     assert torch.equal(out, eager)
     for x, ref in zip(leaves, eager_grads):  # dg, dbeta sum with float atomics: not bitwise
         assert rel(x.grad, ref) <= 1e-4
+
+
+def test_readme_example():
+    """The README's Python example runs as written (on the GPU when there is one)."""
+    import pathlib
+    import re
+
+    readme = pathlib.Path(__file__).resolve().parents[2] / "README.md"
+    if not readme.exists():
+        pytest.skip("README.md is not beside the package")
+    block = re.search(r"## Python and PyTorch\n\n```python\n(.*?)```", readme.read_text(), re.S)
+    scope = {}
+    exec(block.group(1), scope)
+    assert scope["q"].grad is not None and scope["state"].shape == (1, 32, 128, 128)
