@@ -170,9 +170,9 @@ TEST_F(Cli, LayerMatchesTheLibraryOnCheckpointFiles) {
     SCOPED_TRACE(ranks);
     const Exit e = gdn(fmt::format(
         "layer --config '{}' --weights '{}' --prefix model.layers.3.linear_attn. --input '{}' "
-        "--output '{}' --ranks {} --strategy summary-chain",
+        "--output '{}' --ranks {}{}",
         path("config.json"), path("model.safetensors"), path("in.safetensors"),
-        path("out.safetensors"), ranks));
+        path("out.safetensors"), ranks, ranks > 1 ? " --strategy summary-chain" : ""));
     ASSERT_EQ(e.status, 0) << e.message;
     const TensorMap written = read_safetensors(path("out.safetensors"));
     EXPECT_LT(relative_error(written.at("output").ref(), out.ref()), 1e-5);
@@ -369,6 +369,49 @@ TEST_F(Cli, SaysWhatIsWrongInWords) {
   std::ifstream f(path("version.txt"));
   const std::string version{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
   EXPECT_EQ(version.rfind("gdn ", 0), 0u) << version;
+}
+
+// --strategy on one rank would be ignored: an error naming it, for every command.
+TEST_F(Cli, StrategyOnOneRankIsAnError) {
+  const std::string files = fmt::format("'{}' '{}'", path("in.st"), path("out.st"));
+  for (const std::string& args :
+       {std::string("run --ranks 1 --strategy relay"), "op " + files + " --strategy relay",
+        std::string("layer --config c.json --weights w.st --input x.st --output o.st "
+                    "--strategy relay")}) {
+    SCOPED_TRACE(args);
+    expect_failure(gdn(args), {"--strategy relay has no effect on one rank"});
+  }
+}
+
+// --device cuda on a machine without a GPU says so, before reading or generating anything.
+TEST_F(Cli, DeviceCudaWithoutAGpuSaysSo) {
+  const std::string run = "run --device cuda -T 64 --heads-k 1 --heads-v 1 --ranks 1 > /dev/null";
+  if (gdn(run).status == 0) GTEST_SKIP() << "a CUDA GPU is visible";
+  const std::string expected =
+      GDN_CLI_CUDA ? "--device cuda: no CUDA GPU is visible" : "gdn was built without CUDA";
+  expect_failure(gdn(run), {expected});
+  expect_failure(gdn(fmt::format("op '{}' '{}' --device cuda", path("none.st"), path("out.st"))),
+                 {expected});
+}
+
+// gdn run --layer honors -B and --chunk, checks its single rank against the layer's float64
+// recurrence, and rejects the options it cannot honor (it ignored them).
+TEST_F(Cli, RunLayerChecksItsSingleRankAndRejectsWhatItCannotHonor) {
+  const std::string shape =
+      "run --layer -T 96 --hidden 64 --heads-k 2 --heads-v 4 --dim-k 16 --dim-v 8 --ranks 1";
+  const Exit e = gdn(fmt::format("{} -B 2 --chunk 16 > '{}'", shape, path("out.txt")));
+  ASSERT_EQ(e.status, 0) << e.message;
+  std::ifstream f(path("out.txt"));
+  const std::string out{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+  for (const char* part : {"B=2 T=96", "chunk 16", "against the layer's float64 recurrence",
+                           "grad.in_proj_qkv.weight", "(tolerance 1e-04: ok)"})
+    EXPECT_NE(out.find(part), std::string::npos) << out << " lacks " << part;
+  for (const std::string option :
+       {"--dtype bf16", "--dtype f16", "--no-l2norm", "--initial-state", "--device cuda"}) {
+    SCOPED_TRACE(option);
+    expect_failure(gdn(shape + " " + option),
+                   {fmt::format("gdn run --layer: {} is not supported", option)});
+  }
 }
 
 }  // namespace

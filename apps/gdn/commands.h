@@ -51,29 +51,42 @@ CLI::Option* add_choice(CLI::App& command, const std::string& name, T& value,
 }
 
 // --ranks, --strategy and --timeout of the subcommands that run context parallel ("all" only
-// for gdn run).
-inline void add_ranks_options(CLI::App& command, int& ranks, std::string& strategy,
-                              std::int64_t& timeout_ms, bool allow_all) {
+// for gdn run); `Options` has ranks, strategy, timeout_ms, ranks_given and strategy_given.
+template <typename Options>
+void add_ranks_options(CLI::App& command, Options& options, bool allow_all) {
   command
-      .add_option("--timeout", timeout_ms,
+      .add_option("--timeout", options.timeout_ms,
                   "Milliseconds a rank waits for its peers in one exchange before it fails "
-                  "naming them (in-process ranks and mpirun's processes)")
+                  "naming them (in-process ranks, mpirun's processes, GPUs)")
       ->check(kPositive);
   command
-      .add_option("--ranks", ranks,
-                  "Context parallel over this many in-process ranks (under mpirun: its "
-                  "processes; 1: one rank); T must be divisible by it")
-      ->check(kPositive);
+      .add_option("--ranks", options.ranks,
+                  "Context parallel over this many in-process ranks (1: one rank); T must be "
+                  "divisible by it. Under mpirun the processes are the ranks: a different "
+                  "--ranks is an error")
+      ->check(kPositive)
+      ->each([&options](const std::string&) { options.ranks_given = true; });
   std::vector<std::string> names;
   if (allow_all) names.emplace_back("all");
   for (Strategy s : all_strategies()) names.emplace_back(strategy_name(s));
   names.emplace_back(strategy_name(Strategy::automatic));
   command
-      .add_option(
-          "--strategy", strategy,
-          allow_all ? "Context-parallel strategy, or all of them" : "Context-parallel strategy")
+      .add_option("--strategy", options.strategy,
+                  allow_all ? "Context-parallel strategy, or all of them (needs more than one "
+                              "rank)"
+                            : "Context-parallel strategy (needs more than one rank)")
       ->check(CLI::IsMember(names))
-      ->option_text(fmt::format("{}", fmt::join(names, "|")));
+      ->option_text(fmt::format("{}", fmt::join(names, "|")))
+      ->each([&options](const std::string&) { options.strategy_given = true; });
+}
+
+// Throws gdn::Error when --ranks disagrees with mpirun's process count (`world`), or when
+// --strategy is given but only one rank runs (it would have no effect).
+void check_ranks(int ranks, bool ranks_given, const std::string& strategy, bool strategy_given,
+                 const Communicator* world);
+template <typename Options>
+void check_ranks(const Options& options, const Communicator* world) {
+  check_ranks(options.ranks, options.ranks_given, options.strategy, options.strategy_given, world);
 }
 
 // gdn run: time the op on a generated problem, check it against the float64 recurrence.
@@ -83,7 +96,8 @@ struct RunOptions {
   int ranks = 2;                  // context parallel: in-process ranks (mpirun: its processes)
   std::string strategy = "auto";  // a strategy name, or "all"
   std::string device = "cpu";     // or "cuda": the op on the GPU (bf16 inputs unless f16)
-  std::int64_t timeout_ms = kDefaultTimeout.count();  // of the communicators (CPU, mpirun)
+  std::int64_t timeout_ms = kDefaultTimeout.count();  // of the communicators
+  bool ranks_given = false, strategy_given = false;   // on the command line
   bool layer = false;          // the whole layer with random weights instead of the op
   std::int64_t hidden = 4096;  // the layer's hidden size
 };
@@ -101,6 +115,7 @@ struct OpOptions {
   std::string strategy = "auto";
   std::string device = "cpu";  // or "cuda"
   std::int64_t timeout_ms = kDefaultTimeout.count();
+  bool ranks_given = false, strategy_given = false;
 };
 void add_op_options(CLI::App& command, OpOptions& options);
 int op(const OpOptions& options);
@@ -111,6 +126,7 @@ struct LayerCommandOptions {
   int ranks = 1;
   std::string strategy = "auto";
   std::int64_t timeout_ms = kDefaultTimeout.count();
+  bool ranks_given = false, strategy_given = false;
 };
 void add_layer_options(CLI::App& command, LayerCommandOptions& options);
 int layer(const LayerCommandOptions& options);

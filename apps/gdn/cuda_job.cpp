@@ -121,7 +121,16 @@ struct DeviceProblem {
 
 }  // namespace
 
+void require_cuda_gpu() {
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess || count < 1)
+    throw Error(std::string("--device cuda: no CUDA GPU is visible (cudaGetDeviceCount: ") +
+                (status == cudaSuccess ? "0 devices" : cudaGetErrorString(status)) + ")");
+}
+
 ProblemResults run_on_cuda(const ProblemData& data, bool backward, CudaTimes& times) {
+  require_cuda_gpu();
   DeviceProblem d(data);
   const DeltaRuleInputs& in = d.in;
 
@@ -183,10 +192,12 @@ ProblemResults run_cp_rank(Communicator& comm, const ProblemData& data, const Cp
 }  // namespace
 
 ProblemResults run_cp_on_cuda(const ProblemData& data, int ranks, Communicator* world,
-                              const CpOptions& options, bool backward, int runs, CpStats& stats) {
+                              const CpOptions& options, bool backward, int runs, Timeout timeout,
+                              CpStats& stats) {
+  require_cuda_gpu();
   stats = {};
   if (world) {
-    const std::unique_ptr<Communicator> nccl = nccl_world();
+    const std::unique_ptr<Communicator> nccl = nccl_world(timeout);
     CudaTimes times;
     ProblemResults mine = run_cp_rank(*nccl, data, options, backward, runs, times, stats.strategy);
     stats.forward_seconds = slowest(*world, times.forward_ms * 1e-3);
@@ -220,9 +231,9 @@ ProblemResults run_cp_on_cuda(const ProblemData& data, int ranks, Communicator* 
     stats.bytes_sent = std::max(stats.bytes_sent, times.bytes_sent);
   };
   if (one_gpu_per_rank(ranks))
-    run_nccl_local(ranks, rank);
+    run_nccl_local(ranks, rank, timeout);
   else
-    run_on_one_gpu(ranks, rank);
+    run_on_one_gpu(ranks, rank, timeout);
   return whole;
 }
 

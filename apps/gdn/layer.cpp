@@ -42,7 +42,7 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 // whole output and dx (gathered) and the parameter gradients (summed over ranks).
 LayerRun run_layer(Communicator* comm, const CpOptions& cp, const LayerConfig& config,
                    const LayerWeights& weights, const HostTensor& x, const HostTensor& mask,
-                   const HostTensor& d_out) {
+                   const HostTensor& d_out, LayerOptions options = {}) {
   const int rank = comm ? comm->rank() : 0, ranks = comm ? comm->size() : 1;
   const std::int64_t T = x.shape[1];
   if (T % ranks != 0)
@@ -50,11 +50,11 @@ LayerRun run_layer(Communicator* comm, const CpOptions& cp, const LayerConfig& c
   const std::int64_t Tl = T / ranks;
   const HostTensor xs = slice_tokens(x, rank * Tl, Tl), masks = slice_tokens(mask, rank * Tl, Tl);
   const HostTensor d_outs = slice_tokens(d_out, rank * Tl, Tl);
-  GatedDeltaNet layer =
-      comm ? GatedDeltaNet(*comm, cp, config, view(weights)) : GatedDeltaNet(config, view(weights));
+  GatedDeltaNet layer = comm ? GatedDeltaNet(*comm, cp, config, view(weights), options)
+                             : GatedDeltaNet(config, view(weights), options);
   LayerRun r;
-  HostTensor out = HostTensor::zeros(DType::f32, xs.shape), dx = out;
-  r.grads = allocate_parameters(config, DType::f32);
+  HostTensor out = HostTensor::zeros(x.dtype, xs.shape), dx = out;
+  r.grads = allocate_parameters(config, x.dtype);
   if (comm) comm->barrier();
   const auto start = std::chrono::steady_clock::now();
   layer.forward(xs.ref(), ref_or_none(masks), out.ref());
@@ -77,15 +77,16 @@ LayerRun run_layer(Communicator* comm, const CpOptions& cp, const LayerConfig& c
 // Runs the layer on one rank, or over the in-process ranks / mpirun's processes; rank 0's view.
 LayerRun run_anywhere(int ranks, int threads, Timeout timeout, const CpOptions& cp,
                       const LayerConfig& config, const LayerWeights& weights, const HostTensor& x,
-                      const HostTensor& mask, const HostTensor& d_out, Communicator* world) {
-  if (world) return run_layer(world, cp, config, weights, x, mask, d_out);
-  if (ranks == 1) return run_layer(nullptr, cp, config, weights, x, mask, d_out);
+                      const HostTensor& mask, const HostTensor& d_out, Communicator* world,
+                      LayerOptions options = {}) {
+  if (world) return run_layer(world, cp, config, weights, x, mask, d_out, options);
+  if (ranks == 1) return run_layer(nullptr, cp, config, weights, x, mask, d_out, options);
   LayerRun result;
   run_in_process(
       ranks,
       [&](Communicator& comm) {
         omp_set_num_threads(std::max(1, threads / ranks));
-        LayerRun mine = run_layer(&comm, cp, config, weights, x, mask, d_out);
+        LayerRun mine = run_layer(&comm, cp, config, weights, x, mask, d_out, options);
         if (comm.rank() == 0) result = std::move(mine);
       },
       timeout);
@@ -114,6 +115,74 @@ void check_layer_inputs(const std::string& file, const LayerConfig& config, cons
   if (given(d_out)) expect("grad_output", d_out, {B, T, config.hidden_size}, "[B, T, hidden]");
 }
 
+// Batch 0's first `count` tokens of a [B, T, ...] tensor, as [1, count, ...] in `dtype`.
+HostTensor prefix(const HostTensor& t, std::int64_t count, DType dtype) {
+  HostTensor first_batch = slice_tokens(t, 0, count);
+  first_batch.shape[0] = 1;
+  first_batch.bytes.resize(first_batch.bytes.size() / static_cast<std::size_t>(t.shape[0]));
+  return convert(first_batch, dtype);
+}
+
+// gdn run --layer runs the layer as transformers has it: f32 on the CPU, q and k normalized, a
+// zero initial state. The options that would change that are errors, not ignored.
+void reject_layer_run_options(const RunOptions& options) {
+  const Problem& p = options.problem;
+  const auto reject = [](const std::string& option, const char* why) {
+    throw Error(fmt::format("gdn run --layer: {} is not supported ({})", option, why));
+  };
+  if (options.device != "cpu")
+    reject("--device " + options.device, "the layer runs on the CPU only");
+  if (p.dtype != DType::f32)
+    reject(fmt::format("--dtype {}", dtype_name(p.dtype)), "the layer runs in f32");
+  if (!p.use_qk_l2norm)
+    reject("--no-l2norm", "the layer always L2-normalizes q and k, as transformers' does");
+  if (p.initial_state)
+    reject("--initial-state", "the layer starts from a zero state: it takes no cache");
+}
+
+// The single-rank layer against its float64 recurrence (LayerOptions::method = recurrent, the
+// weights in f64) on batch 0's first tokens: the layer is causal, so the prefix is a problem of
+// its own. The output is the timed run's; the gradients come from an f32 run on the prefix (the
+// timed run's depend on d_out past it). Prints the errors; true when within 1e-4.
+bool check_layer_single_rank(const LayerConfig& config, const LayerWeights& weights,
+                             const HostTensor& x, const HostTensor& d_out, const LayerRun& timed,
+                             int chunk_size) {
+  const std::int64_t T = x.shape[1];
+  const std::int64_t tokens =
+      std::min(T, std::max<std::int64_t>(128, 2 * std::min<std::int64_t>(chunk_size, T)));
+  LayerWeights weights64 = weights;
+  for_each_parameter(weights64, [](const char*, HostTensor& w) { w = convert(w, DType::f64); });
+  const LayerRun ref = run_layer(nullptr, {}, config, weights64, prefix(x, tokens, DType::f64), {},
+                                 prefix(d_out, tokens, DType::f64), {.method = Method::recurrent});
+  const LayerRun f32 = run_layer(nullptr, {}, config, weights, prefix(x, tokens, DType::f32), {},
+                                 prefix(d_out, tokens, DType::f32), {.chunk_size = chunk_size});
+  const auto error = [](const HostTensor& t, const HostTensor& r) {
+    return relative_error(convert(t, DType::f64).ref(), r.ref());
+  };
+  std::vector<std::pair<std::string, double>> checks = {
+      {"output", error(prefix(timed.out, tokens, DType::f32), ref.out)},
+      {"grad.hidden_states", error(f32.dx, ref.dx)}};
+  LayerWeights grads = f32.grads, ref_grads = ref.grads;
+  std::vector<HostTensor*> refs;
+  for_each_parameter(ref_grads, [&](const char*, HostTensor& g) { refs.push_back(&g); });
+  std::size_t i = 0;
+  for_each_parameter(grads, [&](const char* name, HostTensor& g) {
+    checks.emplace_back(fmt::format("grad.{}", name), error(g, *refs[i++]));
+  });
+  fmt::print(
+      "\nrelative error of the single rank against the layer's float64 recurrence, batch 0, "
+      "tokens 0-{} (gradients: an f32 run on those tokens):\n",
+      tokens - 1);
+  double max_error = 0;
+  for (const auto& [name, e] : checks) {
+    fmt::print("  {:<26}{:.2e}\n", name, e);
+    if (std::isnan(e) || e > max_error) max_error = e;  // NaN sticks and fails
+  }
+  const bool ok = max_error <= 1e-4;
+  fmt::print("  {:<26}{:.2e}  (tolerance 1e-04: {})\n", "max", max_error, ok ? "ok" : "FAILED");
+  return ok;
+}
+
 }  // namespace
 
 void add_layer_options(CLI::App& command, LayerCommandOptions& options) {
@@ -135,10 +204,13 @@ void add_layer_options(CLI::App& command, LayerCommandOptions& options) {
                   "safetensors to write: output and, with grad_output, grad.hidden_states and "
                   "grad.<parameter> for every parameter (f32)")
       ->required();
-  add_ranks_options(command, options.ranks, options.strategy, options.timeout_ms, false);
+  add_ranks_options(command, options, false);
 }
 
 int layer(const LayerCommandOptions& options) {
+  std::unique_ptr<Communicator> world =
+      launched_by_mpirun() ? mpi_world(Timeout(options.timeout_ms)) : nullptr;
+  check_ranks(options, world.get());
   const LayerConfig config = load_layer_config(options.config);
   const LayerWeights weights = load_layer_weights(options.weights, config, options.prefix);
   const SafetensorsFile in(options.input);  // names first: tensors are read below
@@ -157,8 +229,6 @@ int layer(const LayerCommandOptions& options) {
   const HostTensor d_out = take("grad_output");
   check_layer_inputs(options.input, config, x, mask, d_out);
 
-  std::unique_ptr<Communicator> world =
-      launched_by_mpirun() ? mpi_world(Timeout(options.timeout_ms)) : nullptr;
   LayerRun r = run_anywhere(options.ranks, omp_get_max_threads(), Timeout(options.timeout_ms),
                             {parse_strategy(options.strategy)}, config, weights, x, mask, d_out,
                             world.get());
@@ -176,7 +246,9 @@ int layer(const LayerCommandOptions& options) {
 }
 
 bool run_layer_job(const RunOptions& options, Communicator* world) {
+  reject_layer_run_options(options);
   const Problem& p = options.problem;
+  const LayerOptions layer_options{.chunk_size = p.chunk_size};
   const LayerConfig config{.hidden_size = options.hidden,
                            .linear_num_key_heads = p.HK,
                            .linear_num_value_heads = p.HV,
@@ -201,28 +273,30 @@ bool run_layer_job(const RunOptions& options, Communicator* world) {
   const double tokens = static_cast<double>(p.B * p.T);
   if (printer)
     fmt::print(
-        "gdn run --layer: B={} T={} hidden={} HK={} HV={} K={} V={} conv 4, f32, random "
-        "weights (seed {})\n\n{:<26}{:>10}{:>14}{:>14}{:>13}\n",
-        p.B, p.T, options.hidden, p.HK, p.HV, p.K, p.V, p.seed, "layer", "fwd (ms)", "fwd+bwd (ms)",
-        "tokens/s", "error");
+        "gdn run --layer: B={} T={} hidden={} HK={} HV={} K={} V={} conv 4, f32, chunk {}, "
+        "random weights (seed {})\n\n{:<26}{:>10}{:>14}{:>14}{:>13}\n",
+        p.B, p.T, options.hidden, p.HK, p.HV, p.K, p.V, p.chunk_size, p.seed, "layer", "fwd (ms)",
+        "fwd+bwd (ms)", "tokens/s", "error");
   // Under mpirun every rank runs the single-rank pass too: no rank may wait in a collective call
   // while another works alone.
-  const LayerRun single = run_layer(nullptr, {}, config, weights, x, {}, d_out);
+  const LayerRun single = run_layer(nullptr, {}, config, weights, x, {}, d_out, layer_options);
   if (printer) {
     fmt::print("{:<26}{:>10.1f}{:>14.1f}{:>14.0f}{:>13}\n", "single rank",
                single.forward_seconds * 1e3, single.total_seconds * 1e3,
                tokens / single.total_seconds, "-");
   }
-  if (!world && options.ranks == 1) return true;
+  // Each strategy against the single-rank results; then, after the last collective call, rank 0
+  // checks the single rank against the float64 recurrence.
   std::vector<Strategy> strategies = options.strategy == "all"
                                          ? all_strategies()
                                          : std::vector<Strategy>{parse_strategy(options.strategy)};
+  if (!world && options.ranks == 1) strategies.clear();
   bool ok = true;
   for (Strategy s : strategies) {
     const int ranks = world ? world->size() : options.ranks;
     if (s == Strategy::ulysses && (p.HK % ranks != 0 || p.HV % ranks != 0)) continue;
     LayerRun cp = run_anywhere(options.ranks, options.threads, Timeout(options.timeout_ms), {s},
-                               config, weights, x, {}, d_out, world);
+                               config, weights, x, {}, d_out, world, layer_options);
     if (!printer) continue;
     double error = std::max(relative_error(cp.out.ref(), single.out.ref()),
                             relative_error(cp.dx.ref(), single.dx.ref()));
@@ -237,6 +311,7 @@ bool run_layer_job(const RunOptions& options, Communicator* world) {
                fmt::format("{} x {}", strategy_name(s), ranks), cp.forward_seconds * 1e3,
                cp.total_seconds * 1e3, tokens / cp.total_seconds, error);
   }
+  if (printer) ok = check_layer_single_rank(config, weights, x, d_out, single, p.chunk_size) && ok;
   return ok;
 }
 

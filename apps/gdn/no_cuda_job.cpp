@@ -9,11 +9,14 @@ namespace {
 }
 }  // namespace
 
+void require_cuda_gpu() {
+  no_cuda();
+}
 ProblemResults run_on_cuda(const ProblemData&, bool, CudaTimes&) {
   no_cuda();
 }
 ProblemResults run_cp_on_cuda(const ProblemData&, int, Communicator*, const CpOptions&, bool, int,
-                              CpStats&) {
+                              Timeout, CpStats&) {
   no_cuda();
 }
 bool one_gpu_per_rank(int) {

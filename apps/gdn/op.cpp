@@ -47,7 +47,7 @@ void add_op_options(CLI::App& command, OpOptions& options) {
                    "L2-normalize q and k in the op (use_qk_l2norm_in_kernel)");
   command.add_option("--chunk", options.chunk_size, "Chunk size C of the chunked method")
       ->check(kPositive);
-  add_ranks_options(command, options.ranks, options.strategy, options.timeout_ms, false);
+  add_ranks_options(command, options, false);
   command
       .add_option("--device", options.device,
                   "cpu, or cuda (bf16 or f16 inputs; with --ranks or mpirun, context parallel "
@@ -59,6 +59,10 @@ void add_op_options(CLI::App& command, OpOptions& options) {
 }
 
 int op(const OpOptions& options) {
+  std::unique_ptr<Communicator> world =
+      launched_by_mpirun() ? mpi_world(Timeout(options.timeout_ms)) : nullptr;
+  check_ranks(options, world.get());
+  if (options.device == "cuda") require_cuda_gpu();
   const SafetensorsFile in(options.input);  // names and shapes only: tensors are read below
   for (const auto& [name, entry] : in.entries())
     if (!one_of(name, kRequired) && !one_of(name, kOptional))
@@ -88,8 +92,6 @@ int op(const OpOptions& options) {
   const bool backward = !data.d_o.bytes.empty();
   validate(data);  // names the tensor before anything slices or runs it
 
-  std::unique_ptr<Communicator> world =
-      launched_by_mpirun() ? mpi_world(Timeout(options.timeout_ms)) : nullptr;
   ProblemResults results;
   if (options.device == "cuda" && !world && options.ranks == 1) {
     CudaTimes times;
@@ -97,7 +99,7 @@ int op(const OpOptions& options) {
   } else if (options.device == "cuda") {
     CpStats stats;
     results = run_cp_on_cuda(data, options.ranks, world.get(), {parse_strategy(options.strategy)},
-                             backward, 1, stats);
+                             backward, 1, Timeout(options.timeout_ms), stats);
     if (world && world->rank() != 0) return 0;  // rank 0 writes the file
   } else if (!world && options.ranks == 1) {
     results = allocate_results(data, DType::f32);

@@ -126,6 +126,20 @@ void require_memory(const std::string& what, double bytes) {
                             what, bytes, memory));
 }
 
+void check_ranks(int ranks, bool ranks_given, const std::string& strategy, bool strategy_given,
+                 const Communicator* world) {
+  if (world && ranks_given && ranks != world->size())
+    throw Error(fmt::format(
+        "--ranks {} disagrees with mpirun's {} processes: under mpirun each process is a rank "
+        "(drop --ranks, or run mpirun -np {})",
+        ranks, world->size(), ranks));
+  if (!world && ranks == 1 && strategy_given)
+    throw Error(fmt::format(
+        "--strategy {} has no effect on one rank: give --ranks P with P > 1 (or run under "
+        "mpirun), or drop --strategy",
+        strategy));
+}
+
 void add_run_options(CLI::App& command, RunOptions& options) {
   Problem& p = options.problem;
   p.T = 2048;  // forward + backward in a few seconds on 2 cores
@@ -148,7 +162,7 @@ void add_run_options(CLI::App& command, RunOptions& options) {
                    "Start from a random initial state (adds dh0 to the check)");
   command.add_option("--threads", options.threads, "OpenMP threads (default: all cores)")
       ->check(kPositive);
-  add_ranks_options(command, options.ranks, options.strategy, options.timeout_ms, true);
+  add_ranks_options(command, options, true);
   command
       .add_option("--device", options.device,
                   "cpu, or cuda: the op on the GPU (bf16 inputs unless --dtype f16), then with "
@@ -156,8 +170,12 @@ void add_run_options(CLI::App& command, RunOptions& options) {
                   "virtual ranks sharing one (under mpirun: a GPU per process)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   command.add_flag("--layer", options.layer,
-                   "The whole Qwen3.5 GatedDeltaNet layer (random weights, conv kernel 4) instead "
-                   "of the op; the heads and dims options shape it");
+                   "The whole Qwen3.5 GatedDeltaNet layer (f32 on the CPU, random weights, conv "
+                   "kernel 4) instead of the op: -B, -T, --chunk, --seed and the heads and dims "
+                   "options shape it; the single rank is checked against the layer's float64 "
+                   "recurrence on batch 0's first tokens (the strategies against the single "
+                   "rank); --dtype bf16|f16, --no-l2norm, --initial-state and --device cuda are "
+                   "errors");
   command.add_option("--hidden", options.hidden, "The layer's hidden size (with --layer)")
       ->check(kPositive);
   command.footer(
@@ -246,7 +264,8 @@ StrategyRun cpu_strategy_run(const RunOptions& options, Communicator* world,
 StrategyRun cuda_strategy_run(const RunOptions& options, Communicator* world,
                               const ProblemData& data) {
   return [&options, world, &data](Strategy strategy, CpStats& stats, ProblemResults& cp) {
-    cp = run_cp_on_cuda(data, options.ranks, world, {strategy, false, true}, true, 3, stats);
+    cp = run_cp_on_cuda(data, options.ranks, world, {strategy, false, true}, true, 3,
+                        Timeout(options.timeout_ms), stats);
   };
 }
 
@@ -325,8 +344,12 @@ int run(const RunOptions& options) {
   omp_set_num_threads(options.threads);
   std::unique_ptr<Communicator> world =
       launched_by_mpirun() ? mpi_world(Timeout(options.timeout_ms)) : nullptr;
+  check_ranks(options, world.get());
   if (options.layer) return run_layer_job(options, world.get()) ? 0 : 1;
-  if (options.device == "cuda") return run_cuda(options, world.get()) ? 0 : 1;
+  if (options.device == "cuda") {
+    require_cuda_gpu();
+    return run_cuda(options, world.get()) ? 0 : 1;
+  }
   const bool printer = !world || world->rank() == 0;
   if (printer)
     fmt::print(
