@@ -51,9 +51,27 @@ void check(const char* name, const TensorRef& t, const std::vector<std::int64_t>
   require_floating(name, t);
 }
 
+// cu_seqlens' values (host memory): 0, strictly increasing, ending at T.
+void check_offsets(const TensorRef& cu, std::int64_t N, std::int64_t T) {
+  const auto at = [&](std::int64_t i) { return core::load<std::int64_t>(cu, i); };
+  if (at(0) != 0) throw Error(fmt::format("cu_seqlens[0] must be 0, got {}", at(0)));
+  for (std::int64_t i = 1; i <= N; ++i)
+    if (at(i) <= at(i - 1))
+      throw Error(
+          fmt::format("cu_seqlens must be strictly increasing, got cu_seqlens[{}] = {} "
+                      "after cu_seqlens[{}] = {}",
+                      i, at(i), i - 1, at(i - 1)));
+  if (at(N) != T)
+    throw Error(fmt::format("cu_seqlens must end at T = {}, got cu_seqlens[{}] = {}", T, N, at(N)));
+}
+
 }  // namespace
 
 DeltaRuleShape validate(const DeltaRuleInputs& in) {
+  return validate_shapes(in, true);
+}
+
+DeltaRuleShape validate_shapes(const DeltaRuleInputs& in, bool read_cu_seqlens) {
   require_given("q", in.q, "[B, T, HK, K]");
   require_rank("q", in.q, 4, "[B, T, HK, K]");
   require_floating("q", in.q);
@@ -96,17 +114,7 @@ DeltaRuleShape validate(const DeltaRuleInputs& in) {
     N = cu.shape[0] - 1;
     if (N < 1)
       throw Error(fmt::format("cu_seqlens must hold N + 1 >= 2 offsets, got {}", cu.shape[0]));
-    const auto at = [&](std::int64_t i) { return core::load<std::int64_t>(cu, i); };
-    if (at(0) != 0) throw Error(fmt::format("cu_seqlens[0] must be 0, got {}", at(0)));
-    for (std::int64_t i = 1; i <= N; ++i)
-      if (at(i) <= at(i - 1))
-        throw Error(
-            fmt::format("cu_seqlens must be strictly increasing, got cu_seqlens[{}] = {} "
-                        "after cu_seqlens[{}] = {}",
-                        i, at(i), i - 1, at(i - 1)));
-    if (at(N) != T)
-      throw Error(
-          fmt::format("cu_seqlens must end at T = {}, got cu_seqlens[{}] = {}", T, N, at(N)));
+    if (read_cu_seqlens) check_offsets(cu, N, T);
   }
   if (in.initial_state.given()) {
     check("initial_state", in.initial_state, {N, HV, K, V}, "[N, HV, K, V]");

@@ -14,6 +14,9 @@ struct Sequence {
 };
 
 std::vector<Sequence> sequences(const DeltaRuleInputs& in, const DeltaRuleShape& shape);
+// validate() without reading cu_seqlens' values (read_cu_seqlens = false: they may be in device
+// memory), only its rank, dtype and length.
+DeltaRuleShape validate_shapes(const DeltaRuleInputs& in, bool read_cu_seqlens);
 void validate_outputs(const DeltaRuleShape& shape, const DeltaRuleOutputs& out);
 // The backward's inputs: d_o [B, T, HV, V], d_final_state [N, HV, K, V] (optional).
 void validate_grad_inputs(const DeltaRuleShape& shape, const TensorRef& d_o,

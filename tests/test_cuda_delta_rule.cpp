@@ -22,7 +22,9 @@ constexpr double kGradTolerance = 1.5e-2;
 
 // With reuse_forward, the backward reads the forward's workspace instead of recomputing it; with
 // save, that forward also saved the per-chunk states and Vn.
-void check_problem(const Problem& p, bool reuse_forward = false, bool save = false) {
+// host_offsets = false: cu_seqlens only on the device (the workspace sized from shapes alone).
+void check_problem(const Problem& p, bool reuse_forward = false, bool save = false,
+                   bool host_offsets = true) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   ProblemData data = generate(p);
   ProblemResults ref = allocate_results(p, DType::f64);
@@ -42,7 +44,8 @@ void check_problem(const Problem& p, bool reuse_forward = false, bool save = fal
   if (p.initial_state) dh0.make(DType::f32, ref.dh0.shape, nullptr);
 
   CudaContext ctx;
-  ctx.cu_seqlens_host = data.cu_seqlens.bytes.empty() ? TensorRef{} : data.cu_seqlens.ref();
+  ctx.cu_seqlens_host =
+      data.cu_seqlens.bytes.empty() || !host_offsets ? TensorRef{} : data.cu_seqlens.ref();
   const std::size_t forward_bytes =
       delta_rule_forward_cuda_workspace(in, ctx.cu_seqlens_host, save);
   const std::size_t backward_bytes =
@@ -124,6 +127,22 @@ TEST(CudaDeltaRule, Varlen) {
   p.seqlens = {1, 63, 64, 65, 200, 130};
   for (auto n : p.seqlens) p.T += n;
   check_problem(p);
+}
+
+// cu_seqlens on the device only: the workspace sized from shapes alone (an upper bound on the
+// chunks), the chunk table built on the device; forward, and a saving forward read by the
+// backward.
+TEST(CudaDeltaRule, VarlenOffsetsOnTheDeviceOnly) {
+  Problem p = base(0, 2, 4);
+  p.seqlens = {1, 63, 64, 65, 700, 130, 1000};
+  for (auto n : p.seqlens) p.T += n;
+  check_problem(p, false, false, false);
+  check_problem(p, true, true, false);
+  if (!have_gpu()) return;
+  ProblemData data = generate(p);
+  DeltaRuleInputs in = data.inputs();
+  EXPECT_GE(delta_rule_forward_cuda_workspace(in, {}, true),
+            delta_rule_forward_cuda_workspace(in, data.cu_seqlens.ref(), true));
 }
 
 // The backward reading the forward's workspace: one sequence in 16 segments, and varlen.

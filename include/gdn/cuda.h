@@ -23,8 +23,10 @@ struct CudaContext {
   CUstream_st* stream = nullptr;  // nullptr: the legacy default stream
   void* workspace = nullptr;      // device memory, >= the queried bytes
   std::size_t workspace_bytes = 0;
-  // With varlen, a host copy of inputs.cu_seqlens ([N + 1], i32 or i64): the shapes are
-  // validated from it without a device-to-host copy (the kernels read the device copy).
+  // With varlen, optional: a host copy of inputs.cu_seqlens ([N + 1], i32 or i64). With it the
+  // offsets are validated and the workspace sized to the chunks they make; without it the
+  // workspace is sized from shapes alone (an upper bound; no host read, graph-safe) and the
+  // offsets are trusted to be valid (0, strictly increasing, ending at T).
   TensorRef cu_seqlens_host;
   // Backward only, optional: the workspace of the forward of these same inputs, as that forward
   // left it. The backward then reads the forward's intermediates instead of recomputing them
@@ -39,7 +41,7 @@ struct CudaContext {
 };
 
 // Workspace bytes for a forward or a backward of these inputs on the current device (shapes and
-// the device's multiprocessor count only; data is not read, except cu_seqlens_host for varlen).
+// the device's multiprocessor count only; data is not read, except cu_seqlens_host when given).
 std::size_t delta_rule_forward_cuda_workspace(const DeltaRuleInputs& in,
                                               const TensorRef& cu_seqlens_host = {},
                                               bool save_for_backward = false);

@@ -10,8 +10,9 @@ def workspace_bytes(q: Any, k: Any, v: Any, g: Any, beta: Any, initial_state: Op
     """Device workspace bytes of a forward or backward on CUDA (0 on the CPU)."""
 
 def saved_workspace_bytes(B: int, T: int, HK: int, HV: int, K: int, V: int, dtype: str,
-                          beta_dtype: str, initial_state: bool) -> int:
-    """Workspace bytes of a saving forward on CUDA without cu_seqlens, from shapes alone."""
+                          beta_dtype: str, initial_state: bool, sequences: int) -> int:
+    """Workspace bytes of a saving forward on CUDA from shapes alone (sequences: N, 0 without
+    cu_seqlens)."""
 
 def forward(q: Any, k: Any, v: Any, g: Any, beta: Any, initial_state: Optional[Any],
             cu_seqlens: Optional[Any], o: Any, final_state: Optional[Any], scale: float,

@@ -2,11 +2,10 @@
 so torch.compile(fullgraph=True) and CUDA graphs see through them) and their autograd.
 
 On CUDA: q, k, v (and beta) bf16 or f16, g f32, states f32, K = V = 128, on the current stream,
-workspaces from torch's caching allocator. Without cu_seqlens the forward keeps its
-intermediates (a workspace sized from shapes alone, an output of the op) and the backward reads
-them; with cu_seqlens, which a GPU tensor copies to the host once per call, the backward
-recomputes them. On the CPU: f32 (the chunked path) or f64 (the float64 recurrence, for
-gradcheck).
+workspaces from torch's caching allocator, sized from shapes alone (cu_seqlens stays on the
+device: nothing synchronizes the host, and cu_seqlens' offsets are trusted to be valid). A
+training forward keeps its intermediates (an output of the op) and the backward reads them. On
+the CPU: f32 (the chunked path) or f64 (the float64 recurrence, for gradcheck).
 """
 
 from typing import Optional, Tuple
@@ -30,16 +29,10 @@ def _stream(q: Tensor) -> int:
     return torch.cuda.current_stream(q.device).cuda_stream if q.is_cuda else 0
 
 
-def _host(cu_seqlens: Optional[Tensor]) -> Optional[Tensor]:
-    if cu_seqlens is None or not cu_seqlens.is_cuda:
-        return None
-    return cu_seqlens.cpu()
-
-
-def _workspace(q, k, v, g, beta, h0, cu_seqlens, host, backward, save=False) -> Optional[Tensor]:
+def _workspace(q, k, v, g, beta, h0, cu_seqlens, backward, save=False) -> Optional[Tensor]:
     if not q.is_cuda:
         return None
-    nbytes = _gdn.workspace_bytes(q, k, v, g, beta, h0, cu_seqlens, host, backward, save)
+    nbytes = _gdn.workspace_bytes(q, k, v, g, beta, h0, cu_seqlens, None, backward, save)
     return torch.empty(max(nbytes, 1), dtype=torch.uint8, device=q.device)
 
 
@@ -47,14 +40,15 @@ _DTYPE_NAMES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f1
 
 
 def _saved_bytes(q, k, v, beta, initial_state, cu_seqlens, training) -> int:
-    """Bytes of the intermediates a training forward keeps for its backward (CUDA, no
-    cu_seqlens), from shapes alone so that the fake implementation knows them too."""
-    if (not training or q.device.type != "cuda" or cu_seqlens is not None
-            or q.dtype not in _DTYPE_NAMES):
+    """Bytes of the intermediates a training forward keeps for its backward (CUDA), from shapes
+    alone so that the fake implementation knows them too."""
+    if not training or q.device.type != "cuda" or q.dtype not in _DTYPE_NAMES:
         return 0
     B, T, HK, K = q.shape
+    sequences = 0 if cu_seqlens is None else cu_seqlens.shape[0] - 1
     return _gdn.saved_workspace_bytes(B, T, HK, v.shape[2], K, v.shape[3], _DTYPE_NAMES[q.dtype],
-                                      _DTYPE_NAMES.get(beta.dtype, "?"), initial_state is not None)
+                                      _DTYPE_NAMES.get(beta.dtype, "?"), initial_state is not None,
+                                      sequences)
 
 
 def _sequences(q: Tensor, cu_seqlens: Optional[Tensor]) -> int:
@@ -69,13 +63,12 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
     o = torch.empty(v.shape, dtype=q.dtype, device=q.device)
     final_state = torch.empty((_sequences(q, cu_seqlens), v.shape[2], k.shape[3], v.shape[3]),
                               dtype=_state_dtype(q), device=q.device)
-    host = _host(cu_seqlens)
     saved_bytes = _saved_bytes(q, k, v, beta, initial_state, cu_seqlens, training)
     saved = torch.empty(saved_bytes, dtype=torch.uint8, device=q.device)
     workspace = saved if saved_bytes else _workspace(q, k, v, g, beta, initial_state, cu_seqlens,
-                                                     host, False)
+                                                     False)
     _gdn.forward(q, k, v, g, beta, initial_state, cu_seqlens, o, final_state, scale,
-                 use_qk_l2norm, _method(q), _stream(q), workspace, host, saved_bytes > 0)
+                 use_qk_l2norm, _method(q), _stream(q), workspace, None, saved_bytes > 0)
     return o, final_state, saved
 
 
@@ -96,12 +89,11 @@ def _backward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dg, dbeta = torch.empty_like(g), torch.empty_like(beta)
     dh0 = torch.empty_like(initial_state) if initial_state is not None else q.new_empty(0)
-    host = _host(cu_seqlens)
     reuse = saved.numel() > 0
-    workspace = _workspace(q, k, v, g, beta, initial_state, cu_seqlens, host, True, reuse)
+    workspace = _workspace(q, k, v, g, beta, initial_state, cu_seqlens, True, reuse)
     _gdn.backward(q, k, v, g, beta, initial_state, cu_seqlens, d_o, d_final_state,
                   dq, dk, dv, dg, dbeta, dh0 if initial_state is not None else None, scale,
-                  use_qk_l2norm, _method(q), _stream(q), workspace, host,
+                  use_qk_l2norm, _method(q), _stream(q), workspace, None,
                   saved if reuse else None)
     return dq, dk, dv, dg, dbeta, dh0
 

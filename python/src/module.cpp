@@ -34,14 +34,16 @@ gdn::DType dtype_of(const Array& a, const char* name) {
     if (t.code == static_cast<std::uint8_t>(Code::Int) && t.bits == 64) return gdn::DType::i64;
     if (t.code == static_cast<std::uint8_t>(Code::Int) && t.bits == 32) return gdn::DType::i32;
   }
-  throw gdn::Error(std::string(name) + ": unsupported dtype (expected f64, f32, f16, bf16, i64 or i32)");
+  throw gdn::Error(std::string(name) +
+                   ": unsupported dtype (expected f64, f32, f16, bf16, i64 or i32)");
 }
 
 gdn::TensorRef ref(const Array& a, const char* name) {
   gdn::TensorRef t;
   t.data = a.data();
   t.dtype = dtype_of(a, name);
-  for (std::size_t i = 0; i < a.ndim(); ++i) t.shape.push_back(static_cast<std::int64_t>(a.shape(i)));
+  for (std::size_t i = 0; i < a.ndim(); ++i)
+    t.shape.push_back(static_cast<std::int64_t>(a.shape(i)));
   if (t.data == nullptr && t.numel() == 0) t.data = reinterpret_cast<void*>(std::uintptr_t{256});
   return t;
 }
@@ -51,7 +53,8 @@ gdn::TensorRef ref(const Optional& a, const char* name) {
 }
 
 // Where the op runs: every tensor on q's device.
-bool on_cuda(const Array& q, std::initializer_list<std::pair<const Optional*, const char*>> others) {
+bool on_cuda(const Array& q,
+             std::initializer_list<std::pair<const Optional*, const char*>> others) {
   const bool cuda = q.device_type() == nb::device::cuda::value;
   if (!cuda && q.device_type() != nb::device::cpu::value)
     throw gdn::Error("q: the op runs on the CPU or a CUDA GPU, got another device");
@@ -139,8 +142,7 @@ NB_MODULE(_gdn, m) {
          bool backward, bool save) -> std::size_t {
         const gdn::DeltaRuleInputs in =
             inputs(q, k, v, g, beta, initial_state, cu_seqlens, 0, false);
-        if (!on_cuda(q, {{&initial_state, "initial_state"}, {&cu_seqlens, "cu_seqlens"}}))
-          return 0;
+        if (!on_cuda(q, {{&initial_state, "initial_state"}, {&cu_seqlens, "cu_seqlens"}})) return 0;
 #ifdef GDN_PYTHON_CUDA
         const gdn::TensorRef host = ref(cu_seqlens_host, "cu_seqlens_host");
         return backward ? gdn::delta_rule_backward_cuda_workspace(in, host, save, save)
@@ -160,7 +162,7 @@ NB_MODULE(_gdn, m) {
       "saved_workspace_bytes",
       [](std::int64_t B, std::int64_t T, std::int64_t HK, std::int64_t HV, std::int64_t K,
          std::int64_t V, const std::string& dtype, const std::string& beta_dtype,
-         bool initial_state) -> std::size_t {
+         bool initial_state, std::int64_t sequences) -> std::size_t {
 #ifdef GDN_PYTHON_CUDA
         // Shapes alone (no data is read without cu_seqlens): any non-null address will do.
         void* const shape_only = reinterpret_cast<void*>(std::uintptr_t{256});
@@ -171,17 +173,20 @@ NB_MODULE(_gdn, m) {
         in.v = {shape_only, dt, {B, T, HV, V}};
         in.g = {shape_only, gdn::DType::f32, {B, T, HV}};
         in.beta = {shape_only, dtype_named(beta_dtype), {B, T, HV}};
-        if (initial_state) in.initial_state = {shape_only, gdn::DType::f32, {B, HV, K, V}};
+        const std::int64_t N = sequences > 0 ? sequences : B;
+        if (sequences > 0) in.cu_seqlens = {shape_only, gdn::DType::i64, {N + 1}};
+        if (initial_state) in.initial_state = {shape_only, gdn::DType::f32, {N, HV, K, V}};
         return gdn::delta_rule_forward_cuda_workspace(in, {}, true);
 #else
         (void)B, (void)T, (void)HK, (void)HV, (void)K, (void)V, (void)dtype, (void)beta_dtype,
-            (void)initial_state;
+            (void)initial_state, (void)sequences;
         no_cuda();
 #endif
       },
       nb::arg("B"), nb::arg("T"), nb::arg("HK"), nb::arg("HV"), nb::arg("K"), nb::arg("V"),
-      nb::arg("dtype"), nb::arg("beta_dtype"), nb::arg("initial_state"),
-      "Workspace bytes of a saving forward on CUDA without cu_seqlens, from shapes alone.");
+      nb::arg("dtype"), nb::arg("beta_dtype"), nb::arg("initial_state"), nb::arg("sequences"),
+      "Workspace bytes of a saving forward on CUDA from shapes alone (sequences: N with\n"
+      "cu_seqlens, 0 without).");
 
   m.def(
       "forward",
@@ -194,8 +199,10 @@ NB_MODULE(_gdn, m) {
             inputs(q, k, v, g, beta, initial_state, cu_seqlens, scale, use_qk_l2norm);
         const gdn::DeltaRuleOutputs out{ref(o, "o"), ref(final_state, "final_state")};
         const Optional o_opt = o;
-        if (!on_cuda(q, {{&initial_state, "initial_state"}, {&cu_seqlens, "cu_seqlens"},
-                         {&o_opt, "o"}, {&final_state, "final_state"}})) {
+        if (!on_cuda(q, {{&initial_state, "initial_state"},
+                         {&cu_seqlens, "cu_seqlens"},
+                         {&o_opt, "o"},
+                         {&final_state, "final_state"}})) {
           nb::gil_scoped_release release;
           gdn::delta_rule_forward(in, out, method_of(method));
           return;
@@ -210,9 +217,9 @@ NB_MODULE(_gdn, m) {
       },
       nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g"), nb::arg("beta"),
       nb::arg("initial_state").none(), nb::arg("cu_seqlens").none(), nb::arg("o"),
-      nb::arg("final_state").none(), nb::arg("scale"), nb::arg("use_qk_l2norm"),
-      nb::arg("method"), nb::arg("stream"), nb::arg("workspace").none(),
-      nb::arg("cu_seqlens_host").none(), nb::arg("save"),
+      nb::arg("final_state").none(), nb::arg("scale"), nb::arg("use_qk_l2norm"), nb::arg("method"),
+      nb::arg("stream"), nb::arg("workspace").none(), nb::arg("cu_seqlens_host").none(),
+      nb::arg("save"),
       "o (and final_state) from the inputs, written into the given tensors; save: keep the\n"
       "intermediates in the workspace for the backward (CUDA).");
 
@@ -221,19 +228,20 @@ NB_MODULE(_gdn, m) {
       [](const Array& q, const Array& k, const Array& v, const Array& g, const Array& beta,
          const Optional& initial_state, const Optional& cu_seqlens, const Array& d_o,
          const Optional& d_final_state, const Array& dq, const Array& dk, const Array& dv,
-         const Array& dg, const Array& dbeta, const Optional& dh0, double scale,
-         bool use_qk_l2norm, const std::string& method, std::uintptr_t stream,
-         const Optional& workspace, const Optional& cu_seqlens_host,
-         const Optional& forward_workspace) {
+         const Array& dg, const Array& dbeta, const Optional& dh0, double scale, bool use_qk_l2norm,
+         const std::string& method, std::uintptr_t stream, const Optional& workspace,
+         const Optional& cu_seqlens_host, const Optional& forward_workspace) {
         const gdn::DeltaRuleInputs in =
             inputs(q, k, v, g, beta, initial_state, cu_seqlens, scale, use_qk_l2norm);
-        const gdn::DeltaRuleGrads grads{ref(d_o, "d_o"), ref(d_final_state, "d_final_state"),
-                                        ref(dq, "dq"),   ref(dk, "dk"),
-                                        ref(dv, "dv"),   ref(dg, "dg"),
+        const gdn::DeltaRuleGrads grads{ref(d_o, "d_o"),     ref(d_final_state, "d_final_state"),
+                                        ref(dq, "dq"),       ref(dk, "dk"),
+                                        ref(dv, "dv"),       ref(dg, "dg"),
                                         ref(dbeta, "dbeta"), ref(dh0, "dh0")};
         const Optional d_o_opt = d_o;
-        if (!on_cuda(q, {{&initial_state, "initial_state"}, {&cu_seqlens, "cu_seqlens"},
-                         {&d_o_opt, "d_o"}, {&d_final_state, "d_final_state"}})) {
+        if (!on_cuda(q, {{&initial_state, "initial_state"},
+                         {&cu_seqlens, "cu_seqlens"},
+                         {&d_o_opt, "d_o"},
+                         {&d_final_state, "d_final_state"}})) {
           nb::gil_scoped_release release;
           gdn::delta_rule_backward(in, grads, method_of(method));
           return;
@@ -249,11 +257,11 @@ NB_MODULE(_gdn, m) {
       },
       nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g"), nb::arg("beta"),
       nb::arg("initial_state").none(), nb::arg("cu_seqlens").none(), nb::arg("d_o"),
-      nb::arg("d_final_state").none(), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"),
-      nb::arg("dg"), nb::arg("dbeta"), nb::arg("dh0").none(), nb::arg("scale"),
-      nb::arg("use_qk_l2norm"), nb::arg("method"), nb::arg("stream"),
-      nb::arg("workspace").none(), nb::arg("cu_seqlens_host").none(),
-      nb::arg("forward_workspace").none(),
-      "Every gradient, written into the given tensors; forward_workspace: a saving forward's, read\n"
+      nb::arg("d_final_state").none(), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), nb::arg("dg"),
+      nb::arg("dbeta"), nb::arg("dh0").none(), nb::arg("scale"), nb::arg("use_qk_l2norm"),
+      nb::arg("method"), nb::arg("stream"), nb::arg("workspace").none(),
+      nb::arg("cu_seqlens_host").none(), nb::arg("forward_workspace").none(),
+      "Every gradient, written into the given tensors; forward_workspace: a saving forward's, "
+      "read\n"
       "instead of recomputing (CUDA).");
 }

@@ -5,10 +5,14 @@
 namespace gdn::cuda {
 namespace {
 
-// One block: sequence n has ceil(len / 64) chunks starting at slot chunk_begin[n].
+// One block: sequence n has ceil(len / 64) chunks starting at slot chunk_begin[n]. Offsets the
+// host did not check (cu_seqlens on the device only) that are not 0, increasing, ending at T, or
+// that need more than the NC slots planned, leave every sequence empty: nothing is computed
+// (the contract is broken) but nothing is read or written out of bounds either.
 __global__ void chunk_table_kernel(Params p) {
   if (threadIdx.x == 0) {
     int total = 0;
+    bool valid = true;
     for (int n = 0; n < p.N; ++n) {
       int begin = 0, len = p.T;
       if (p.cu_seqlens) {
@@ -19,12 +23,18 @@ __global__ void chunk_table_kernel(Params p) {
         begin = static_cast<int>(b0);
         len = static_cast<int>(b1 - b0);
       }
+      valid = valid && len > 0 && begin >= 0 && begin + len <= p.T && (n > 0 || begin == 0) &&
+              (n < p.N - 1 || begin + len == p.T);
       p.seq_begin[n] = begin;
       p.seq_len[n] = len;
       p.chunk_begin[n] = total;
       total += (len + kC - 1) / kC;
     }
     p.chunk_begin[p.N] = total;
+    if (!valid || total > p.NC) {
+      for (int n = 0; n <= p.N; ++n) p.chunk_begin[n] = 0;
+      for (int n = 0; n < p.N; ++n) p.seq_len[n] = 0;
+    }
   }
   __syncthreads();
   const int total = p.chunk_begin[p.N];

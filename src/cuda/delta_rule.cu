@@ -22,18 +22,17 @@ std::string str(std::int64_t x) {
 }
 
 // Shapes from the host copy of cu_seqlens, and the checks this backend adds to validate().
+// Without cu_seqlens_host, cu_seqlens' values are not read (they are on the device).
 DeltaRuleShape check_inputs(const DeltaRuleInputs& in, const TensorRef& cu_seqlens_host) {
   DeltaRuleInputs host = in;
-  if (in.cu_seqlens.given()) {
-    if (!cu_seqlens_host.given())
-      throw Error("cu_seqlens_host: varlen on CUDA needs a host copy of cu_seqlens");
+  if (in.cu_seqlens.given() && cu_seqlens_host.given()) {
     if (cu_seqlens_host.shape != in.cu_seqlens.shape ||
         cu_seqlens_host.dtype != in.cu_seqlens.dtype)
       throw Error("cu_seqlens_host must match cu_seqlens' shape and dtype, got " +
                   cu_seqlens_host.shape_string() + " vs " + in.cu_seqlens.shape_string());
     host.cu_seqlens = cu_seqlens_host;
   }
-  const DeltaRuleShape s = validate(host);
+  const DeltaRuleShape s = validate_shapes(host, !in.cu_seqlens.given() || cu_seqlens_host.given());
   if (s.K != kD || s.V != kD)
     throw Error("K and V must be 128 on CUDA, got K = " + str(s.K) + ", V = " + str(s.V));
   if (in.chunk_size != kC)
@@ -62,12 +61,17 @@ struct ChunkCount {
   std::int64_t total = 0, longest = 0;
 };
 
+// Without a host copy of cu_seqlens, bounds from the shapes alone: N sequences of at least one
+// token each (cu_seqlens is strictly increasing) hold at most (T + (kC - 1) N) / kC chunks, none
+// more than T's; the chunk table (built on the device) leaves the slots it does not use empty.
 ChunkCount count_chunks(const DeltaRuleInputs& in, const DeltaRuleShape& s,
                         const TensorRef& cu_seqlens_host) {
   if (!in.cu_seqlens.given()) {
     const std::int64_t per_row = (s.T + kC - 1) / kC;
     return {s.B * per_row, per_row};
   }
+  if (!cu_seqlens_host.given())
+    return {std::min((s.T + (kC - 1) * s.N) / kC, s.T), (s.T + kC - 1) / kC};
   ChunkCount count;
   for (std::int64_t n = 0; n < s.N; ++n) {
     auto at = [&](std::int64_t i) {
