@@ -86,25 +86,33 @@ ChunkCount count_chunks(const DeltaRuleInputs& in, const DeltaRuleShape& s,
   return count;
 }
 
-// Segments per sequence (state_pass.cuh), at least kMinSegment chunks each. On one GPU: as many
-// as keep the state passes' blocks (P per value head) and the summary pass's (2P - 3) within one
-// wave of the GPU's multiprocessors. Under context parallelism the summary pass also runs the
-// first and last segments (2P blocks per value head, before the entering state is there) and the
-// output pass what is left: the count that minimizes the chunks run back to back in both,
-// waves x segment length (with 32 heads on 132 SMs: 4 segments, 3 waves of a quarter).
+// Segments per sequence (state_pass.cuh), at least kMinSegment chunks each. For an inference
+// forward: as many as keep the state passes' blocks (P per value head) and the summary pass's
+// (2P - 3) within one wave of the GPU's multiprocessors. Otherwise the count that minimizes the
+// chunks run back to back, waves x segment length, over the passes that run one after another:
+// under context parallelism the summary pass (2P blocks per value head: the first and last
+// segments too) and the output pass; for training (a forward that saves for its backward, and
+// that backward) the forward's summary and save passes and the backward's summary (P - 1) and
+// gradient passes. With 32 heads on 132 SMs both pick 4 segments where inference picks 3.
 constexpr std::int64_t kMinSegment = 4;
 
-void choose_segments(std::int64_t heads, std::int64_t longest, bool carried, cuda::Params& p) {
+void choose_segments(std::int64_t heads, std::int64_t longest, bool carried, bool training,
+                     cuda::Params& p) {
   int device = 0, sms = 1;
   GDN_CUDA_CHECK(cudaGetDevice(&device));
   GDN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   const std::int64_t fit = sms / heads;
   std::int64_t want = std::max<std::int64_t>(1, std::min(fit, (fit + 3) / 2));
-  if (carried) {
-    const auto waves = [&](std::int64_t blocks) { return (blocks + sms - 1) / sms; };
+  if (carried || training) {
+    const auto waves = [&](std::int64_t per_head) {
+      return (std::max<std::int64_t>(per_head, 0) * heads + sms - 1) / sms;
+    };
     const auto serial = [&](std::int64_t count) {
       const std::int64_t seg = std::max(kMinSegment, (longest + count - 1) / count);
-      return (waves(2 * count * heads) + waves(count * heads)) * seg;
+      const std::int64_t passes =
+          carried ? waves(2 * count) + waves(count)
+                  : waves(2 * count - 3) + waves(count) + waves(count - 1) + waves(count);
+      return passes * seg;
     };
     want = 1;
     for (std::int64_t count = 2; count <= 4 * std::max<std::int64_t>(fit, 1); ++count)
@@ -142,7 +150,7 @@ std::size_t plan(const DeltaRuleInputs& in, const DeltaRuleShape& s, ChunkCount 
   p.HV = static_cast<int>(s.HV);
   p.N = static_cast<int>(s.N);
   p.NC = static_cast<int>(NC);
-  choose_segments(s.N * s.HV, chunks.longest, carried.enters || carried.leaves, p);
+  choose_segments(s.N * s.HV, chunks.longest, carried.enters || carried.leaves, saved, p);
   p.scale = static_cast<float>(in.scale != 0 ? in.scale : 1.0 / std::sqrt(double(s.K)));
   p.l2norm = in.use_qk_l2norm;
   p.beta_code = in.beta.dtype == DType::f32 ? 0 : in.beta.dtype == DType::bf16 ? 1 : 2;
