@@ -1,0 +1,23 @@
+# cmake -DSOURCE_DIR=... -P docs_links.cmake: README.md and docs/*.md must not point outside the
+# repository (a clone has no ../shared), and every docs file they name must exist.
+cmake_minimum_required(VERSION 3.25)
+file(GLOB docs ${SOURCE_DIR}/docs/*.md)
+foreach(file ${SOURCE_DIR}/README.md ${docs})
+  file(READ ${file} text)
+  if(text MATCHES "\\.\\./shared|shared/docs")
+    message(FATAL_ERROR "${file} points to ../shared, which a clone does not have")
+  endif()
+  string(REGEX MATCHALL "docs/[A-Za-z0-9_.-]+\\.md" named "${text}")
+  if(file IN_LIST docs)  # inside docs/, `name.md` is a sibling
+    string(REGEX MATCHALL "`[A-Za-z0-9_.-]+\\.md`" siblings "${text}")
+    foreach(sibling ${siblings})
+      string(REPLACE "`" "" sibling ${sibling})
+      list(APPEND named docs/${sibling})
+    endforeach()
+  endif()
+  foreach(name ${named})
+    if(NOT EXISTS ${SOURCE_DIR}/${name})
+      message(FATAL_ERROR "${file} names ${name}, which does not exist")
+    endif()
+  endforeach()
+endforeach()
