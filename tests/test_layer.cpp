@@ -3,6 +3,8 @@
 // the float64 one, and the module validation errors.
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include <fmt/format.h>
 
 #include <cmath>
@@ -153,6 +155,34 @@ TEST(Layer, ForwardMatchesTheSpec) {
                              convert(d_out, DType::f32), {.chunk_size = 4});
     EXPECT_LE(relative(f32.out, ref), 2e-6) << "mask " << (m != nullptr);
   }
+}
+
+// A NaN or inf in a token the mask drops does not reach the others: they equal the run with 0
+// there (x * 0 would keep the NaN, and the conv and the recurrence would carry it forward).
+TEST(Layer, MaskedNonFiniteTokensDoNotLeak) {
+  const LayerConfig c = tiny_config();
+  const LayerWeights w = random_weights(c, DType::f32, 1);
+  HostTensor x = random_tensor(DType::f32, {2, 9, c.hidden_size}, 2);
+  const HostTensor mask = testing::left_padding_mask(DType::f32, 2, 9);  // drops t <= b
+  const HostTensor d_out = random_tensor(DType::f32, x.shape, 3);
+  HostTensor zeroed = x;
+  for (std::int64_t d = 0; d < c.hidden_size; ++d) {
+    core::store(x.ref(), d, std::numeric_limits<double>::quiet_NaN());  // b 0, t 0
+    core::store(x.ref(), (9 + 1) * c.hidden_size + d, -std::numeric_limits<double>::infinity());
+    core::store(zeroed.ref(), d, 0.0);
+    core::store(zeroed.ref(), (9 + 1) * c.hidden_size + d, 0.0);
+  }
+  const LayerRun poisoned = run(c, w, x, &mask, d_out, {});
+  const LayerRun clean = run(c, w, zeroed, &mask, d_out, {});
+  EXPECT_EQ(poisoned.out.bytes, clean.out.bytes);
+  EXPECT_EQ(poisoned.dx.bytes, clean.dx.bytes);
+  for_each_parameter(poisoned.grads, [&](const char* name, const HostTensor& g) {
+    const HostTensor* other = nullptr;
+    for_each_parameter(clean.grads, [&](const char* n, const HostTensor& h) {
+      if (std::string(n) == name) other = &h;
+    });
+    EXPECT_EQ(g.bytes, other->bytes) << name;
+  });
 }
 
 // d(sum(out * d_out)) / d(every input and parameter element), central differences in float64:
