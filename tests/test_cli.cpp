@@ -30,6 +30,7 @@ namespace fs = std::filesystem;
 struct Exit {
   int status;
   std::string message;  // stderr
+  std::string output;   // stdout
 };
 
 class Cli : public ::testing::Test {
@@ -46,12 +47,14 @@ class Cli : public ::testing::Test {
 
   // Runs the built tool (GDN_CLI, from CMake) with `args`, paths in them quoted.
   Exit gdn(const std::string& args) const {
-    const std::string err = path("stderr.txt");
-    const int raw =
-        std::system((std::string("'") + GDN_CLI + "' " + args + " 2> '" + err + "'").c_str());
-    std::ifstream f(err);
-    return {WIFEXITED(raw) ? WEXITSTATUS(raw) : -1,
-            {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()}};
+    const std::string err = path("stderr.txt"), out = path("stdout.txt");
+    const int raw = std::system(
+        (std::string("'") + GDN_CLI + "' " + args + " > '" + out + "' 2> '" + err + "'").c_str());
+    const auto text = [](const std::string& file) {
+      std::ifstream f(file);
+      return std::string{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+    };
+    return {WIFEXITED(raw) ? WEXITSTATUS(raw) : -1, text(err), text(out)};
   }
 
   fs::path dir_;
@@ -103,6 +106,13 @@ TEST_F(Cli, OpMatchesTheLibraryOnPackedBf16InputsWithGradients) {
   ASSERT_EQ(e.status, 0) << e.message;
   expect_matches(read_safetensors(path("out.safetensors")), ref,
                  {"o", "final_state", "dq", "dk", "dv", "dg", "dbeta", "dh0"});
+  // One line says what it computed and wrote.
+  EXPECT_NE(e.output.find("gdn op: forward and backward of B=1 T=106 HK=2 HV=4 K=16 V=8 (3 "
+                          "sequences) on cpu -> "),
+            std::string::npos)
+      << e.output;
+  EXPECT_NE(e.output.find(": dbeta, dg, dh0, dk, dq, dv, final_state, o\n"), std::string::npos)
+      << e.output;
 }
 
 // Same file in, same results out over 3 in-process ranks, packed sequences straddling them.
@@ -365,10 +375,9 @@ TEST_F(Cli, SaysWhatIsWrongInWords) {
     expect_message(e, 105, "must be a positive integer, got 0");
     EXPECT_EQ(e.message.find("not in range"), std::string::npos) << e.message;
   }
-  ASSERT_EQ(gdn(fmt::format("--version > '{}'", path("version.txt"))).status, 0);
-  std::ifstream f(path("version.txt"));
-  const std::string version{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-  EXPECT_EQ(version.rfind("gdn ", 0), 0u) << version;
+  const Exit version = gdn("--version");
+  ASSERT_EQ(version.status, 0);
+  EXPECT_EQ(version.output.rfind("gdn ", 0), 0u) << version.output;
 }
 
 // --strategy on one rank would be ignored: an error naming it, for every command.
@@ -399,10 +408,9 @@ TEST_F(Cli, DeviceCudaWithoutAGpuSaysSo) {
 TEST_F(Cli, RunLayerChecksItsSingleRankAndRejectsWhatItCannotHonor) {
   const std::string shape =
       "run --layer -T 96 --hidden 64 --heads-k 2 --heads-v 4 --dim-k 16 --dim-v 8 --ranks 1";
-  const Exit e = gdn(fmt::format("{} -B 2 --chunk 16 > '{}'", shape, path("out.txt")));
+  const Exit e = gdn(fmt::format("{} -B 2 --chunk 16", shape));
   ASSERT_EQ(e.status, 0) << e.message;
-  std::ifstream f(path("out.txt"));
-  const std::string out{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+  const std::string& out = e.output;
   for (const char* part : {"B=2 T=96", "chunk 16", "against the layer's float64 recurrence",
                            "grad.in_proj_qkv.weight", "(tolerance 1e-04: ok)"})
     EXPECT_NE(out.find(part), std::string::npos) << out << " lacks " << part;

@@ -5,6 +5,7 @@
 
 #include <charconv>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <system_error>
 #include <utility>
@@ -87,6 +88,13 @@ void check_ranks(int ranks, bool ranks_given, const std::string& strategy, bool 
 template <typename Options>
 void check_ranks(const Options& options, const Communicator* world) {
   check_ranks(options.ranks, options.ranks_given, options.strategy, options.strategy_given, world);
+}
+
+// "a, b, c": the names of the tensors a command wrote, for its one-line summary.
+inline std::string names_of(const std::map<std::string, HostTensor>& tensors) {
+  std::string out;
+  for (const auto& [name, t] : tensors) out += (out.empty() ? "" : ", ") + name;
+  return out;
 }
 
 // gdn run: time the op on a generated problem, check it against the float64 recurrence.

@@ -241,7 +241,15 @@ int layer(const LayerCommandOptions& options) {
       out["grad." + name] = std::move(g);
     });
   }
+  const std::size_t written = out.size();
   write_safetensors(options.output, out);
+  fmt::print("gdn layer: {} of hidden_states {} on {} rank{} -> {}: output{}\n",
+             d_out.bytes.empty() ? "forward" : "forward and backward", x.ref().shape_string(),
+             world ? world->size() : options.ranks,
+             (world ? world->size() : options.ranks) > 1 ? "s" : "", options.output,
+             written > 1
+                 ? fmt::format(", grad.hidden_states and {} parameter gradients", written - 2)
+                 : std::string());
   return 0;
 }
 

@@ -10,6 +10,7 @@
 #include "commands.h"
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // line by line also when piped
   CLI::App app{"gdn: the gated delta rule (Gated DeltaNet linear attention), forward and backward"};
   app.require_subcommand(1);
   app.option_defaults()->always_capture_default();

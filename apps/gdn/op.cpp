@@ -139,6 +139,14 @@ int op(const OpOptions& options) {
     if (!data.initial_state.bytes.empty()) out["dh0"] = std::move(results.dh0);
   }
   write_safetensors(options.output, out);
+  const int ranks = world ? world->size() : options.ranks;
+  fmt::print("gdn op: {} of B={} T={} HK={} HV={} K={} V={} ({} sequences) on {}{} -> {}: {}\n",
+             backward ? "forward and backward" : "forward", data.q.shape[0], data.q.shape[1],
+             data.q.shape[2], data.v.shape[2], data.q.shape[3], data.v.shape[3],
+             data.cu_seqlens.bytes.empty() ? data.q.shape[0] : data.cu_seqlens.shape[0] - 1,
+             options.device,
+             ranks > 1 ? fmt::format(", {} ranks ({})", ranks, options.strategy) : std::string(),
+             options.output, names_of(out));
   return 0;
 }
 
