@@ -85,7 +85,8 @@ TEST_F(OneGpu, ShiftGatherAllToAllReduce) {
       // all_reduce_sum of rank-dependent values.
       DeviceFloats sum(std::vector<float>(n, static_cast<float>(r + 1)));
       comm.all_reduce_sum(sum.data, n);
-      EXPECT_EQ(sum.host(comm.stream()), std::vector<float>(n, static_cast<float>(P * (P + 1) / 2)));
+      EXPECT_EQ(sum.host(comm.stream()),
+                std::vector<float>(n, static_cast<float>(P * (P + 1) / 2)));
       comm.barrier();
     });
   }

@@ -86,7 +86,7 @@ TEST(Conv1d, ContextParallelHaloEqualsSingleRank) {
         for (std::int64_t b = 0; b < B; ++b)
           for (std::int64_t i = 0; i < Tl * D; ++i)
             core::store(part.ref(), b * Tl * D + i,
-                       core::load<double>(full.ref(), (b * T + comm.rank() * Tl) * D + i));
+                        core::load<double>(full.ref(), (b * T + comm.rank() * Tl) * D + i));
         return part;
       };
       HostTensor xs = slice(x, DType::f32), dys = slice(dy, DType::f32);

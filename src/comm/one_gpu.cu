@@ -38,8 +38,7 @@ class DeviceTransport final : public comm::Transport {
     auto flight = std::make_shared<InFlight>();
     GDN_CUDA_CHECK(cudaMallocAsync(&flight->data, bytes ? bytes : 1, stream_));
     if (data && bytes)
-      GDN_CUDA_CHECK(
-          cudaMemcpyAsync(flight->data, data, bytes, cudaMemcpyDeviceToDevice, stream_));
+      GDN_CUDA_CHECK(cudaMemcpyAsync(flight->data, data, bytes, cudaMemcpyDeviceToDevice, stream_));
     GDN_CUDA_CHECK(cudaEventCreateWithFlags(&flight->ready, cudaEventDisableTiming));
     GDN_CUDA_CHECK(cudaEventRecord(flight->ready, stream_));
     return {flight->data, bytes, flight};

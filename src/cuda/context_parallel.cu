@@ -151,7 +151,8 @@ CudaLocalOp::CudaLocalOp(CudaBackend& backend, const DeltaRuleInputs& in,
       count_((in.cu_seqlens.given() ? 1 : in.q.shape.at(0)) * in.v.shape.at(2)) {}
 
 cuda::Carried CudaLocalOp::carried(float* maps) const {
-  return {carried_.enters, carried_.leaves, maps, maps ? maps + count_ * 128 * 128 : nullptr};
+  const std::int64_t K = in_.q.shape.at(3);  // the maps' M block is [count, K, K]
+  return {carried_.enters, carried_.leaves, maps, maps ? maps + count_ * K * K : nullptr};
 }
 
 CudaContext CudaLocalOp::forward_context() const {

@@ -217,7 +217,7 @@ void cp_conv1d_backward(Communicator& comm, const Conv1dArgs& shard, const Tenso
       for (std::int64_t d = 0; d < s.D; ++d) {
         const std::int64_t i = (b * s.T + s.T - (s.W - 1) + t) * s.D + d;
         core::store(dx, i,
-                   core::load<double>(dx, i) + d_tail.as<double>()[(b * (s.W - 1) + t) * s.D + d]);
+                    core::load<double>(dx, i) + d_tail.as<double>()[(b * (s.W - 1) + t) * s.D + d]);
       }
 }
 
