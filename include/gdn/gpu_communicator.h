@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "gdn/communicator.h"
 
@@ -24,6 +25,14 @@ void run_nccl_local(int ranks, const std::function<void(Communicator&)>& fn,
 // NCCL under mpirun, one GPU per process (the local rank modulo the visible devices; MPI
 // broadcasts the NCCL id). The communicator's stream is on that device, which becomes current.
 std::unique_ptr<Communicator> nccl_world(Timeout timeout = kDefaultTimeout);
+
+// A NCCL group whose processes another layer started and can broadcast bytes between
+// (torch.distributed, a job launcher): one rank makes the id, every rank gets its bytes, then each
+// makes its communicator on `device` (a collective call: it returns once every rank has joined,
+// or throws after `timeout`).
+std::string nccl_unique_id();
+std::unique_ptr<Communicator> nccl_communicator(const std::string& unique_id, int rank, int ranks,
+                                                int device, Timeout timeout = kDefaultTimeout);
 
 // The communicator's GPU count in this process: run_on_one_gpu and run_nccl_local pick with it.
 int visible_gpus();

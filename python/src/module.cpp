@@ -5,15 +5,22 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
+#include <chrono>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
+#include "gdn/communicator.h"
+#include "gdn/context_parallel.h"
 #include "gdn/delta_rule.h"
 #include "gdn/error.h"
 #ifdef GDN_PYTHON_CUDA
 #include "gdn/cuda.h"
+#include "gdn/gpu_communicator.h"
 #endif
 
 namespace nb = nanobind;
@@ -114,8 +121,127 @@ gdn::DType dtype_named(const std::string& name) {
 }
 #endif
 
-[[noreturn]] void no_cuda() {
+[[noreturn, maybe_unused]] void no_cuda() {
   throw gdn::Error("q is on a CUDA device but gdn was built without CUDA");
+}
+
+// A communicator as Python holds it: owned (NCCL), or lent by run_virtual_ranks for the length of
+// the rank's function, after which every use is an error instead of a dangling reference.
+struct CommState {
+  gdn::Communicator* comm = nullptr;
+  std::unique_ptr<gdn::Communicator> owned;
+};
+
+class Comm {
+ public:
+  explicit Comm(std::shared_ptr<CommState> state) : state_(std::move(state)) {}
+
+  gdn::Communicator& get() const {
+    if (state_->comm == nullptr)
+      throw gdn::Error("this communicator belonged to a run_virtual_ranks call that has returned");
+    return *state_->comm;
+  }
+  const std::shared_ptr<CommState>& state() const { return state_; }
+
+  // Every buffer in the communicator's memory: host arrays for host communicators, CUDA arrays
+  // on its device for device ones.
+  void check(const Array& a, const char* name) const {
+    const bool device = get().memory() == gdn::Memory::device;
+    const bool cuda = a.device_type() == nb::device::cuda::value;
+    if (device != cuda || (!cuda && a.device_type() != nb::device::cpu::value))
+      throw gdn::Error(std::string(name) + ": the communicator's buffers live on the " +
+                       (device ? "GPU" : "CPU") + ", got a tensor on another device");
+  }
+
+ private:
+  std::shared_ptr<CommState> state_;
+};
+
+gdn::Timeout timeout_of(double seconds) {
+  if (!(seconds > 0))
+    throw gdn::Error("timeout must be a positive number of seconds, got " +
+                     std::to_string(seconds));
+  return gdn::Timeout(static_cast<std::int64_t>(seconds * 1000));
+}
+
+// One rank's side of the context-parallel op, on the communicator's memory.
+class CpOp {
+ public:
+  CpOp(const Comm& comm, const std::string& strategy, bool save_for_backward)
+      : comm_(comm.state()) {
+    gdn::CpOptions options;
+    options.strategy =
+        strategy == "auto" ? gdn::Strategy::automatic : gdn::parse_strategy(strategy);
+    options.save_for_backward = save_for_backward;
+    gdn::Communicator& c = comm.get();
+    if (c.memory() == gdn::Memory::host) {
+      op_ = std::make_unique<gdn::CpDeltaRule>(c, options);
+      return;
+    }
+#ifdef GDN_PYTHON_CUDA
+    op_ = gdn::cuda_cp_delta_rule(c, options);
+#else
+    no_cuda();
+#endif
+  }
+
+  void forward(const gdn::DeltaRuleInputs& in, const gdn::DeltaRuleOutputs& out) {
+    Comm(comm_).get();
+    nb::gil_scoped_release release;
+    op_->forward(in, out);
+  }
+  void backward(const gdn::DeltaRuleInputs& in, const gdn::DeltaRuleGrads& grads) {
+    Comm(comm_).get();
+    nb::gil_scoped_release release;
+    op_->backward(in, grads);
+  }
+  std::string strategy() const {
+    return std::string(gdn::strategy_name(op_->strategy()));
+  }
+
+ private:
+  std::shared_ptr<CommState> comm_;
+  std::unique_ptr<gdn::CpDeltaRule> op_;
+};
+
+// Runs fn(Comm) on `ranks` threads, each holding the GIL only while it runs Python; the library's
+// calls release it, so ranks wait for each other in C++.
+nb::list run_virtual_ranks(int ranks, const std::string& device, nb::callable fn, double timeout) {
+  std::vector<nb::object> results(ranks > 0 ? ranks : 0);
+  const auto rank_body = [&](gdn::Communicator& c) {
+    auto state = std::make_shared<CommState>();
+    state->comm = &c;
+    nb::gil_scoped_acquire gil;
+    try {
+      results[c.rank()] = fn(Comm(state));
+      state->comm = nullptr;
+    } catch (const nb::python_error& e) {
+      state->comm = nullptr;
+      (void)e.what();  // formats the message while this thread holds the GIL
+      throw;
+    } catch (...) {
+      state->comm = nullptr;
+      throw;
+    }
+  };
+  const gdn::Timeout limit = timeout_of(timeout);
+  {
+    nb::gil_scoped_release release;
+    if (device == "cpu") {
+      gdn::run_in_process(ranks, rank_body, limit);
+    } else if (device == "cuda") {
+#ifdef GDN_PYTHON_CUDA
+      gdn::run_on_one_gpu(ranks, rank_body, limit);
+#else
+      throw gdn::Error("device \"cuda\": gdn was built without CUDA");
+#endif
+    } else {
+      throw gdn::Error("device must be \"cpu\" or \"cuda\", got \"" + device + "\"");
+    }
+  }
+  nb::list out;
+  for (nb::object& r : results) out.append(r);
+  return out;
 }
 
 }  // namespace
@@ -264,4 +390,121 @@ NB_MODULE(_gdn, m) {
       "Every gradient, written into the given tensors; forward_workspace: a saving forward's, "
       "read\n"
       "instead of recomputing (CUDA).");
+
+  nb::class_<Comm>(m, "Communicator",
+                   "The ranks of one context-parallel group (gdn/communicator.h): host memory\n"
+                   "(virtual CPU ranks) or device memory (NCCL, virtual ranks on one GPU), where\n"
+                   "every call is ordered on `stream` without host synchronization.")
+      .def_prop_ro("rank", [](const Comm& c) { return c.get().rank(); })
+      .def_prop_ro("size", [](const Comm& c) { return c.get().size(); })
+      .def_prop_ro(
+          "device",
+          [](const Comm& c) { return c.get().memory() == gdn::Memory::device ? "cuda" : "cpu"; })
+      .def_prop_ro(
+          "stream",
+          [](const Comm& c) { return reinterpret_cast<std::uintptr_t>(c.get().stream()); },
+          "The CUDA stream (as an integer) that orders a device communicator's calls; 0 on host.")
+      .def_prop_ro("bytes_sent", [](const Comm& c) { return c.get().bytes_sent(); })
+      .def(
+          "send",
+          [](const Comm& c, const Array& data, int peer) {
+            c.check(data, "data");
+            nb::gil_scoped_release release;
+            c.get().send(data.data(), data.nbytes(), peer);
+          },
+          nb::arg("data"), nb::arg("peer"))
+      .def(
+          "recv",
+          [](const Comm& c, const Array& data, int peer) {
+            c.check(data, "data");
+            nb::gil_scoped_release release;
+            c.get().recv(data.data(), data.nbytes(), peer);
+          },
+          nb::arg("data"), nb::arg("peer"))
+      .def(
+          "send_recv",
+          [](const Comm& c, const Array& send, int to, const Array& recv, int from) {
+            c.check(send, "send");
+            c.check(recv, "recv");
+            nb::gil_scoped_release release;
+            c.get().send_recv(send.data(), send.nbytes(), to, recv.data(), recv.nbytes(), from);
+          },
+          nb::arg("send"), nb::arg("to"), nb::arg("recv"), nb::arg("from_"),
+          "Sends to one peer and receives from another at once.")
+      .def(
+          "synchronize",
+          [](const Comm& c) {
+            nb::gil_scoped_release release;
+            c.get().synchronize();
+          },
+          "Waits for every call so far; raises if one failed or a peer timed out.");
+
+  m.def(
+      "strategy_names",
+      [] {
+        std::vector<std::string> names;
+        for (gdn::Strategy s : gdn::all_strategies()) names.emplace_back(gdn::strategy_name(s));
+        return names;
+      },
+      "The context-parallel strategies (besides \"auto\").");
+
+  m.def("run_virtual_ranks", &run_virtual_ranks, nb::arg("ranks"), nb::arg("device"), nb::arg("fn"),
+        nb::arg("timeout"),
+        "fn(communicator) on `ranks` threads of this process (CPU: host memory; CUDA: ranks\n"
+        "sharing the current GPU); returns each rank's result in rank order.");
+
+#ifdef GDN_PYTHON_CUDA
+  m.def(
+      "nccl_unique_id", [] { return nb::bytes(gdn::nccl_unique_id().data(), 128); },
+      "A fresh NCCL unique id (128 bytes) for nccl_communicator.");
+  m.def(
+      "nccl_communicator",
+      [](nb::bytes unique_id, int rank, int ranks, int device, double timeout) {
+        auto state = std::make_shared<CommState>();
+        const std::string id(unique_id.c_str(), unique_id.size());
+        {
+          nb::gil_scoped_release release;
+          state->owned = gdn::nccl_communicator(id, rank, ranks, device, timeout_of(timeout));
+        }
+        state->comm = state->owned.get();
+        return Comm(state);
+      },
+      nb::arg("unique_id"), nb::arg("rank"), nb::arg("ranks"), nb::arg("device"),
+      nb::arg("timeout"),
+      "Rank `rank` of a NCCL group on `device`; every rank calls it with rank 0's id.");
+#endif
+
+  nb::class_<CpOp>(m, "CpOp", "One rank's side of the context-parallel op (gdn::CpDeltaRule).")
+      .def(nb::init<const Comm&, const std::string&, bool>(), nb::arg("comm"), nb::arg("strategy"),
+           nb::arg("save_for_backward"))
+      .def(
+          "forward",
+          [](CpOp& op, const Array& q, const Array& k, const Array& v, const Array& g,
+             const Array& beta, const Optional& initial_state, const Optional& cu_seqlens,
+             const Array& o, const Optional& final_state, double scale, bool use_qk_l2norm) {
+            op.forward(inputs(q, k, v, g, beta, initial_state, cu_seqlens, scale, use_qk_l2norm),
+                       {ref(o, "o"), ref(final_state, "final_state")});
+          },
+          nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g"), nb::arg("beta"),
+          nb::arg("initial_state").none(), nb::arg("cu_seqlens").none(), nb::arg("o"),
+          nb::arg("final_state").none(), nb::arg("scale"), nb::arg("use_qk_l2norm"),
+          "This rank's o (and its rows of final_state) from its shard.")
+      .def(
+          "backward",
+          [](CpOp& op, const Array& q, const Array& k, const Array& v, const Array& g,
+             const Array& beta, const Optional& initial_state, const Optional& cu_seqlens,
+             const Array& d_o, const Optional& d_final_state, const Array& dq, const Array& dk,
+             const Array& dv, const Array& dg, const Array& dbeta, const Optional& dh0,
+             double scale, bool use_qk_l2norm) {
+            op.backward(
+                inputs(q, k, v, g, beta, initial_state, cu_seqlens, scale, use_qk_l2norm),
+                {ref(d_o, "d_o"), ref(d_final_state, "d_final_state"), ref(dq, "dq"), ref(dk, "dk"),
+                 ref(dv, "dv"), ref(dg, "dg"), ref(dbeta, "dbeta"), ref(dh0, "dh0")});
+          },
+          nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g"), nb::arg("beta"),
+          nb::arg("initial_state").none(), nb::arg("cu_seqlens").none(), nb::arg("d_o"),
+          nb::arg("d_final_state").none(), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"),
+          nb::arg("dg"), nb::arg("dbeta"), nb::arg("dh0").none(), nb::arg("scale"),
+          nb::arg("use_qk_l2norm"), "This rank's gradients; call after forward on the same shard.")
+      .def_prop_ro("strategy", &CpOp::strategy, "The strategy used (auto resolved at forward).");
 }

@@ -555,6 +555,31 @@ std::unique_ptr<Communicator> nccl_world([[maybe_unused]] Timeout timeout) {
 #endif
 }
 
+std::string nccl_unique_id() {
+  ncclUniqueId id;
+  GDN_NCCL_CHECK(ncclGetUniqueId(&id));
+  return std::string(id.internal, sizeof id.internal);
+}
+
+std::unique_ptr<Communicator> nccl_communicator(const std::string& unique_id, int rank, int ranks,
+                                                int device, Timeout timeout) {
+  ncclUniqueId id;
+  if (unique_id.size() != sizeof id.internal)
+    throw Error(
+        fmt::format("nccl_communicator: unique_id must be the {} bytes of nccl_unique_id(), "
+                    "got {} bytes",
+                    sizeof id.internal, unique_id.size()));
+  if (ranks < 1 || rank < 0 || rank >= ranks)
+    throw Error(fmt::format("nccl_communicator: rank must be in [0, ranks), got rank {} of {}",
+                            rank, ranks));
+  const int devices = visible_gpus();
+  if (device < 0 || device >= devices)
+    throw Error(
+        fmt::format("nccl_communicator: device must be in [0, {}), got {}", devices, device));
+  std::copy(unique_id.begin(), unique_id.end(), id.internal);
+  return std::make_unique<Nccl>(id, rank, ranks, device, timeout);
+}
+
 std::unique_ptr<Communicator> nccl_rank_without_peers(int ranks, int device, Timeout timeout) {
   ncclUniqueId id;
   GDN_NCCL_CHECK(ncclGetUniqueId(&id));

@@ -18,5 +18,11 @@ void run_nccl_local(int, const std::function<void(Communicator&)>&, Timeout) {
 std::unique_ptr<Communicator> nccl_world(Timeout) {
   no_nccl();
 }
+std::string nccl_unique_id() {
+  no_nccl();
+}
+std::unique_ptr<Communicator> nccl_communicator(const std::string&, int, int, int, Timeout) {
+  no_nccl();
+}
 
 }  // namespace gdn
