@@ -1,0 +1,249 @@
+"""gdn and its peers on one GPU, in one device call: speed by CUDA-graph replay and accuracy
+against a float64 reference, on the same inputs.
+
+    python3 bench/peers.py                 # every peer, each in its own process; a table last
+    python3 bench/peers.py --peer fla      # one peer (gdn, fla, flashqla, transformers)
+
+Speed: forward, and forward + backward (torch.autograd.grad of o), each captured once in a CUDA
+graph and replayed 20 times per event pair, median of 5 pairs, so Python and launch overhead drop
+out (a peer whose call cannot be captured is timed by 20 back-to-back calls per event pair, and
+the table says so). bf16 q, k, v, beta; f32 g; l2norm in the kernel. FLA runs its own Triton
+kernels (FLA_DISABLE_BACKEND_DISPATCH=1: FLA 0.6 otherwise hands the call to FlashQLA), FlashQLA
+its defaults (auto_cp: its intra-GPU context parallelism), transformers its torch loop with
+flash-linear-attention hidden from it.
+
+Accuracy: relative Frobenius error of o, the final state and every gradient against gdn's float64
+CPU recurrence (itself tested against a torch float64 loop), HK=1 HV=2, T = 4k and 64k, strong,
+weak and mixed gates, an initial state and a gradient of the final state; plus an edge case
+(T=4k, three packed sequences, g down to -8, beta in {0, 1}). The driver makes the inputs and the
+reference (gdn processes on the CPU, one per case, while the peers time on the GPU) and every
+peer reads them from --work.
+"""
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+
+import torch
+
+SPEED_SHAPES = [(1, 4096, 16, 32), (1, 16384, 16, 32), (1, 65536, 16, 32), (8, 8192, 16, 32),
+                (1, 65536, 1, 2)]
+ACCURACY_CASES = [(T, gates) for T in (4096, 65536) for gates in ("strong", "weak", "mixed")]
+PEERS = ("gdn", "fla", "flashqla", "transformers")
+OUTPUTS = ("o", "final_state", "dq", "dk", "dv", "dg", "dbeta", "dh0")
+
+
+def load(peer):
+    """The peer's chunk_gated_delta_rule with FLA's keyword arguments."""
+    if peer == "gdn":
+        import gdn
+        return gdn.chunk_gated_delta_rule
+    if peer == "fla":
+        os.environ["FLA_DISABLE_BACKEND_DISPATCH"] = "1"
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+        return chunk_gated_delta_rule
+    if peer == "flashqla":
+        import flash_qla
+        return flash_qla.chunk_gated_delta_rule
+    if peer == "transformers":
+        sys.modules["fla"] = None  # transformers would dispatch to FLA when it imports
+        from transformers.models.qwen3_5 import modeling_qwen3_5 as m
+        fn = getattr(m.torch_chunk_gated_delta_rule, "__wrapped__", m.torch_chunk_gated_delta_rule)
+
+        def call(q, k, v, g, beta, initial_state=None, output_final_state=False, cu_seqlens=None,
+                 use_qk_l2norm_in_kernel=False):
+            if cu_seqlens is not None:
+                raise NotImplementedError("transformers' torch loop has no cu_seqlens")
+            return fn(q, k, v, g=g, beta=beta, initial_state=initial_state,
+                      output_final_state=output_final_state,
+                      use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+        return call
+    raise SystemExit(f"unknown peer {peer}")
+
+
+def gates(kind, shape, gen):
+    u = torch.rand(shape, generator=gen, dtype=torch.float64)
+    if kind == "strong":
+        return -(0.1 + 2.0 * u)
+    if kind == "weak":
+        return -(1e-4 + 0.01 * u)
+    if kind == "mixed":  # per head: half the heads strong, half weak
+        g = -(1e-4 + 0.01 * u)
+        g[..., ::2] = -(0.1 + 2.0 * u[..., ::2])
+        return g
+    if kind == "edge":
+        return -8.0 * u
+    raise ValueError(kind)
+
+
+def problem(B, T, HK, HV, kind="mixed", seed=0, edge=False):
+    """CPU float64 inputs (bf16-representable where the GPU gets bf16)."""
+    gen = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64)  # noqa: E731
+    bf = lambda x: x.to(torch.bfloat16).double()  # noqa: E731
+    q, k, v = bf(r(B, T, HK, 128)), bf(r(B, T, HK, 128)), bf(r(B, T, HV, 128))
+    g = gates("edge" if edge else kind, (B, T, HV), gen).float().double()
+    beta = torch.rand(B, T, HV, generator=gen, dtype=torch.float64)
+    if edge:
+        beta = (beta > 0.5).double()
+    beta = bf(beta)
+    cu = torch.tensor([0, 1000, 2999, T], dtype=torch.int64) if edge else None
+    n = 3 if edge else B
+    h0 = 0.1 * r(n, HV, 128, 128)
+    d_o, d_ht = bf(r(B, T, HV, 128)), 0.1 * r(n, HV, 128, 128)
+    return dict(q=q, k=k, v=v, g=g, beta=beta, h0=h0, cu=cu, d_o=d_o, d_ht=d_ht)
+
+
+def reference_cases():
+    cases = {f"T{T}-{kind}": (T, kind, False) for T, kind in ACCURACY_CASES}
+    cases["T4096-edge-varlen"] = (4096, "edge", True)
+    return cases
+
+
+def make_reference(work, name):
+    """One case's inputs and float64 results, saved for every peer to read."""
+    import gdn
+    T, kind, edge = reference_cases()[name]
+    p = problem(1, T, 1, 2, kind, edge=edge)
+    leaves = [p[n].clone().requires_grad_() for n in ("q", "k", "v", "g", "beta", "h0")]
+    o, ht = gdn.chunk_gated_delta_rule(*leaves[:5], initial_state=leaves[5],
+                                       output_final_state=True, cu_seqlens=p["cu"],
+                                       use_qk_l2norm_in_kernel=True)
+    torch.autograd.backward([o, ht], [p["d_o"], p["d_ht"]])
+    p["ref"] = [o.detach(), ht.detach()] + [x.grad for x in leaves]
+    os.makedirs(work, exist_ok=True)
+    torch.save(p, os.path.join(work, f"{name}.pt.part"))
+    os.replace(os.path.join(work, f"{name}.pt.part"), os.path.join(work, f"{name}.pt"))
+
+
+def accuracy(fn, work):
+    rows = []
+    for name in sorted(reference_cases()):
+        p = torch.load(os.path.join(work, f"{name}.pt"))
+        dev = {n: (None if p[n] is None else p[n].cuda()) for n in p if n != "ref"}
+        lowp = lambda x: x.to(torch.bfloat16)  # noqa: E731
+        leaves = [lowp(dev["q"]), lowp(dev["k"]), lowp(dev["v"]), dev["g"].float(),
+                  lowp(dev["beta"]), dev["h0"].float()]
+        leaves = [x.requires_grad_() for x in leaves]
+        try:
+            o, ht = fn(*leaves[:5], initial_state=leaves[5], output_final_state=True,
+                       cu_seqlens=dev["cu"], use_qk_l2norm_in_kernel=True)
+            grads = torch.autograd.grad([o, ht], leaves, [lowp(dev["d_o"]), dev["d_ht"].float()])
+        except Exception as e:  # noqa: BLE001 (a peer that cannot run a case says why)
+            rows.append((name, f"n/a ({type(e).__name__}: {str(e)[:80]})"))
+            continue
+        got = [o, ht] + list(grads)
+        errs = [((a.double().cpu() - b).norm() / b.norm()).item() for a, b in zip(got, p["ref"])]
+        rows.append((name, " ".join(f"{n} {e:.2e}" for n, e in zip(OUTPUTS, errs))))
+    return rows
+
+
+def replay_ms(body):
+    """ms per call: body captured in a CUDA graph, replayed 20 times per event pair, median of 5
+    pairs; or 20 back-to-back calls per pair when capture fails."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            body()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph, how = torch.cuda.CUDAGraph(), "graph"
+    try:
+        with torch.cuda.graph(graph):
+            body()
+        run = graph.replay
+    except Exception:  # noqa: BLE001
+        torch.cuda.synchronize()
+        graph, run, how = None, body, "calls"
+    times = []
+    for _ in range(5):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(20):
+            run()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop) / 20)
+    return statistics.median(times), how
+
+
+def speed(fn, max_tokens):
+    rows = []
+    for B, T, HK, HV in SPEED_SHAPES:
+        if B * T > max_tokens:
+            continue
+        p = problem(B, T, HK, HV, seed=1)
+        q, k, v = (p[n].cuda().bfloat16().requires_grad_() for n in ("q", "k", "v"))
+        g = p["g"].cuda().float().requires_grad_()
+        beta = p["beta"].cuda().bfloat16().requires_grad_()
+        d_o = p["d_o"].cuda().bfloat16()
+        del p
+        forward = lambda: fn(q, k, v, g, beta, use_qk_l2norm_in_kernel=True)  # noqa: E731
+
+        def both():
+            o, _ = forward()
+            torch.autograd.grad(o, (q, k, v, g, beta), d_o)
+
+        with torch.no_grad():
+            fwd, how_f = replay_ms(forward)
+        fb, how_b = replay_ms(both)
+        how = how_f if how_f == how_b else f"{how_f}/{how_b}"
+        rows.append((f"B={B} T={T} HK={HK} HV={HV}", fwd, fb, how))
+        del q, k, v, g, beta, d_o
+        torch.cuda.empty_cache()
+    return rows
+
+
+def run_peer(peer, part, work):
+    fn = load(peer)
+    if part == "speed":
+        print(f"== {peer} ({torch.cuda.get_device_name()}, torch {torch.__version__})", flush=True)
+        # transformers' torch loop is timed where it takes seconds, not minutes
+        for shape, fwd, fb, how in speed(fn, 16384 if peer == "transformers" else 1 << 30):
+            print(f"speed {peer} {shape}: fwd {fwd:.3f} ms, fwd+bwd {fb:.3f} ms ({how})",
+                  flush=True)
+    else:
+        for name, line in accuracy(fn, work):
+            print(f"accuracy {peer} {name}: {line}", flush=True)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--peer", choices=PEERS)
+    parser.add_argument("--part", choices=("speed", "accuracy"), default="speed")
+    parser.add_argument("--work", default="/tmp/gdn_peers")
+    parser.add_argument("--make-reference", metavar="CASE", choices=sorted(reference_cases()))
+    args = parser.parse_args()
+    if args.make_reference:
+        return make_reference(args.work, args.make_reference)
+    if args.peer:
+        return run_peer(args.peer, args.part, args.work)
+    # The references take the CPU (a process per case) while the peers take the GPU.
+    me = [sys.executable, os.path.abspath(__file__), "--work", args.work]
+    env = dict(os.environ, OMP_NUM_THREADS="2")
+    references = [subprocess.Popen(me + ["--make-reference", name], env=env)
+                  for name in reference_cases()]
+    lines = []
+
+    def run(peer, part):
+        out = subprocess.run(me + ["--peer", peer, "--part", part], capture_output=True,
+                             text=True)
+        sys.stdout.write(out.stdout + out.stderr[-1500:])
+        sys.stdout.flush()
+        lines.extend(line for line in out.stdout.splitlines() if line.startswith(("speed", "acc")))
+        if out.returncode:
+            lines.append(f"{peer} {part}: exited with {out.returncode}")
+
+    for peer in PEERS:
+        run(peer, "speed")
+    if any(r.wait() for r in references):
+        raise SystemExit("a reference failed")
+    for peer in PEERS:
+        run(peer, "accuracy")
+    print("\n".join(["", "== summary"] + lines))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
