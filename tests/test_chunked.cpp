@@ -167,5 +167,118 @@ TEST(Chunked, ChunkLargerThanTEqualsChunkT) {
   expect_close(huge, expected, 0, "chunk 1e9");
 }
 
+// Full resets (issue 11): g = -inf, -1e38, -1e37, -200 among ordinary gates, several in one
+// chunk, at the first and the last token of chunks, at random (rate), on fresh inputs. The
+// chunked path must match the recurrence to its usual 1e-5 on every output and gradient, and a
+// reset's dg must be exactly 0, as in the recurrence (core/reset.h).
+struct ResetCase {
+  std::string name;
+  Problem problem;
+  std::vector<std::int64_t> tokens;
+  double rate;
+};
+
+class Resets : public ::testing::TestWithParam<ResetCase> {};
+
+TEST_P(Resets, MatchRecurrence) {
+  const ResetCase& c = GetParam();
+  ProblemData data = generate(c.problem);
+  const std::int64_t resets = testing::add_resets(data, c.tokens, c.rate, c.problem.seed + 1);
+  ASSERT_GT(resets, 0);
+  ProblemResults chunked = run(c.problem, data, Method::chunked, DType::f32);
+  ProblemResults oracle = run(c.problem, data, Method::recurrent, DType::f64);
+  expect_close(chunked, oracle, kF32Tolerance, describe(c.problem));
+  const TensorRef g = data.g.ref(), dg = chunked.dg.ref(), dg64 = oracle.dg.ref();
+  std::int64_t zeros = 0;
+  for (std::int64_t i = 0; i < g.numel(); ++i) {
+    if (core::load<double>(g, i) > -128) continue;
+    // exp(g) is 0 in float64 below -745; above, the recurrence's dg is exp(g) times O(1).
+    EXPECT_LE(std::abs(core::load<double>(dg64, i)), 1e-80) << "recurrence, gate " << i;
+    EXPECT_EQ(core::load<double>(dg, i), 0.0) << "chunked, gate " << i;
+    ++zeros;
+  }
+  EXPECT_EQ(zeros, resets);
+}
+
+std::vector<ResetCase> reset_cases() {
+  // Chunks of 64: resets at both ends of the first three chunks, and five in the second.
+  const std::vector<std::int64_t> ends = {0, 63, 64, 70, 71, 72, 100, 127, 128, 191, 299};
+  Problem batch{.B = 2, .T = 300, .HK = 2, .HV = 4, .K = 16, .V = 24};
+  batch.initial_state = true;
+  batch.final_state_grad = true;
+  batch.seed = 21;
+  Problem small_chunks = batch;  // chunks of 16: 15, 16 and 63, 64 are chunk ends and starts
+  small_chunks.chunk_size = 16;
+  small_chunks.seed = 22;
+  Problem one = batch;  // chunks of one token: every reset is a whole chunk
+  one.B = 1, one.T = 65, one.chunk_size = 1, one.seed = 23;
+  Problem plain{.B = 1, .T = 200, .HK = 3, .HV = 6, .K = 32, .V = 16};
+  plain.use_qk_l2norm = false;  // no initial state: the state starts at 0 anyway
+  plain.seed = 24;
+  Problem varlen{.HK = 2, .HV = 4, .K = 16, .V = 16};
+  varlen.seqlens = {1, 63, 64, 65, 130, 7};  // starts 0 1 64 128 193 323
+  varlen.initial_state = true;
+  varlen.final_state_grad = true;
+  varlen.seed = 25;
+  Problem dense = batch;  // most gates resets: segments of one or two tokens
+  dense.B = 1, dense.seed = 26;
+  Problem long_run = batch;  // a long sequence, resets rare: the 1e-5 bar of LongSequenceWithin1e5
+  long_run.B = 1, long_run.T = 4096, long_run.HK = 1, long_run.HV = 2, long_run.K = 64;
+  long_run.V = 64, long_run.seed = 27;
+  return {
+      {"batch", batch, ends, 0.01},
+      {"chunk16", small_chunks, {0, 15, 16, 17, 20, 31, 63, 64, 65, 200}, 0.02},
+      {"chunk1", one, {0, 1, 2, 40, 64}, 0.1},
+      {"no_h0_no_l2norm", plain, ends, 0.03},
+      {"varlen", varlen, {0, 1, 2, 63, 64, 127, 128, 129, 191, 192, 193, 256, 322, 323, 329}, 0.02},
+      {"dense", dense, {}, 0.6},
+      {"long", long_run, {0, 63, 64, 1000, 1001, 4095}, 0.002}};
+}
+
+INSTANTIATE_TEST_SUITE_P(Chunked, Resets, ::testing::ValuesIn(reset_cases()),
+                         [](const auto& test) { return test.param.name; });
+
+// A NaN or inf input at token t (spec 7): the recurrence makes the outputs of tokens >= t
+// non-finite; the chunked path may also make those of t's chunk before t, but not those of
+// earlier chunks, and leaves every output and gradient of the other sequences as they were.
+TEST(Chunked, NonFiniteInputStaysInItsChunkAndAfter) {
+  Problem p{.HK = 1, .HV = 2, .K = 16, .V = 8};
+  p.seqlens = {50, 100};
+  p.T = 150;
+  p.chunk_size = 16;
+  p.initial_state = true;
+  p.final_state_grad = true;
+  p.seed = 31;
+  ProblemData clean = generate(p);
+  ProblemResults reference = run(p, clean, Method::chunked, DType::f32);
+  const std::int64_t t = 50 + 37, chunk_start = 50 + 32;  // sequence 1's third chunk
+  for (const char* field : {"q", "k", "v", "g", "beta"})
+    for (double bad : {std::nan(""), HUGE_VAL}) {
+      if (std::string(field) == "g" && bad > 0) continue;  // g <= 0; and g = -inf is a reset
+      ProblemData data = clean;
+      HostTensor& x = std::string(field) == "q"   ? data.q
+                      : std::string(field) == "k" ? data.k
+                      : std::string(field) == "v" ? data.v
+                      : std::string(field) == "g" ? data.g
+                                                  : data.beta;
+      core::store(x.ref(), t * (x.numel() / p.T), bad);  // head 0 of token t
+      ProblemResults got = run(p, data, Method::chunked, DType::f32);
+      const std::string what = fmt::format("{} = {}", field, bad);
+      EXPECT_FALSE(std::isfinite(core::load<double>(got.o.ref(), t * p.HV * p.V))) << what;
+      // The first `rows` rows of each token tensor (and state row 0) are unchanged.
+      auto same = [&](HostTensor ProblemResults::*field_of, std::int64_t rows, std::int64_t of) {
+        const HostTensor &a = got.*field_of, &b = reference.*field_of;
+        const std::size_t bytes = a.bytes.size() / static_cast<std::size_t>(of) * rows;
+        EXPECT_TRUE(std::equal(a.bytes.begin(), a.bytes.begin() + bytes, b.bytes.begin())) << what;
+      };
+      same(&ProblemResults::o, chunk_start, p.T);
+      for (auto grad : {&ProblemResults::dq, &ProblemResults::dk, &ProblemResults::dv,
+                        &ProblemResults::dg, &ProblemResults::dbeta})
+        same(grad, 50, p.T);
+      same(&ProblemResults::final_state, 1, 2);
+      same(&ProblemResults::dh0, 1, 2);
+    }
+}
+
 }  // namespace
 }  // namespace gdn

@@ -37,6 +37,7 @@ ProblemResults run_cp(ProblemData& data, int ranks, CpOptions options) {
 struct Case {
   std::string name;
   Problem problem;
+  bool resets = false;  // full resets over g (testing::add_resets; issue 11)
 };
 
 std::vector<Case> cases() {
@@ -56,11 +57,17 @@ std::vector<Case> cases() {
   Problem long_varlen = states;
   long_varlen.seqlens = {100, 20};  // the first spans several ranks whole
   long_varlen.seed = 5;
+  Problem resets = gqa;  // resets at shard ends for P = 2, 3, 4, 8 (shards of 60, 40, 30, 15)
+  resets.seed = 6;
+  Problem varlen_resets = varlen;
+  varlen_resets.seed = 7;
   return {{"plain", plain},
           {"states", states},
           {"gqa", gqa},
           {"varlen", varlen},
-          {"long_varlen", long_varlen}};
+          {"long_varlen", long_varlen},
+          {"resets", resets, true},
+          {"varlen_resets", varlen_resets, true}};
 }
 
 bool fits(Strategy strategy, const Problem& p, int ranks) {
@@ -74,7 +81,17 @@ TEST_P(StrategyTest, EqualsSingleRank) {
   for (Case& c : cases()) {
     if (!fits(strategy, c.problem, ranks)) continue;
     ProblemData data = generate(c.problem);
+    if (c.resets) {
+      // Several per chunk of 16 and per shard, at shard and chunk ends and starts, at random.
+      const std::vector<std::int64_t> tokens = {0,  1,  14, 15, 16, 29, 30, 31, 39,  40,
+                                                45, 59, 60, 61, 75, 89, 90, 91, 105, 119};
+      ASSERT_GT(testing::add_resets(data, tokens, 0.03, c.problem.seed), 0);
+    }
     ProblemResults single = testing::run(c.problem, data, Method::chunked, DType::f32);
+    if (c.resets && ranks == 1) {  // the single rank against float64, once per strategy
+      ProblemResults oracle = testing::run(c.problem, data, Method::recurrent, DType::f64);
+      testing::expect_close(single, oracle, kTolerance, c.name + " against float64");
+    }
     for (bool recompute : {false, true}) {
       if (recompute && (strategy == Strategy::relay || strategy == Strategy::ulysses)) continue;
       ProblemResults cp = run_cp(data, ranks, {strategy, recompute});

@@ -24,6 +24,7 @@
 #include "gdn/error.h"
 #include "gdn/gpu_communicator.h"
 #include "gdn/problem.h"
+#include "testing.h"
 
 namespace gdn {
 namespace {
@@ -100,9 +101,10 @@ Problem problem(std::int64_t T, std::vector<std::int64_t> seqlens = {}, std::int
 }
 
 // The named problems: aligned shards of 8 or 16 chunks, unaligned shards, varlen sequences
-// across ranks, and two batch rows without an initial state.
+// across ranks, two batch rows without an initial state, and full resets (issue 11; reference()
+// writes them over g).
 Problem named(const std::string& name) {
-  if (name == "T4096") return problem(4096);
+  if (name == "T4096" || name == "resets") return problem(4096);
   if (name == "T3072") return problem(3072);
   if (name == "T3000") return problem(3000);
   if (name == "varlen") return problem(4096, {700, 63, 1000, 1, 2332});
@@ -116,6 +118,11 @@ const Reference& reference(const std::string& name) {
   Reference& r = cache[name];
   const Problem p = named(name);
   r.data = generate(p);
+  if (name == "resets") {  // at the shard ends of P = 2, 4, 8, several in a chunk, at random
+    const std::vector<std::int64_t> tokens = {0,    1,    511,  512,  1023, 1024, 1030, 1031, 1040,
+                                              1087, 2047, 2048, 3071, 3072, 3583, 3584, 4095};
+    EXPECT_GT(testing::add_resets(r.data, tokens, 0.003, 41), 0);
+  }
   r.f64 = allocate_results(p, DType::f64);
   delta_rule_forward(r.data.inputs(), r.f64.outputs(), Method::recurrent);
   delta_rule_backward(r.data.inputs(), r.f64.grads(r.data), Method::recurrent);
@@ -216,6 +223,7 @@ std::vector<Case> cases() {
     if (s != Strategy::ulysses) out.emplace_back("T3000", s, 3);
     for (int P : {2, 4, 8}) out.emplace_back("varlen", s, P);
     out.emplace_back("B2", s, 4);
+    for (int P : {2, 4}) out.emplace_back("resets", s, P);
   }
   return out;
 }

@@ -3,9 +3,13 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda_testing.h"
@@ -13,6 +17,7 @@
 #include "gdn/delta_rule.h"
 #include "gdn/error.h"
 #include "gdn/problem.h"
+#include "testing.h"
 
 namespace gdn {
 namespace {
@@ -23,10 +28,13 @@ constexpr double kGradTolerance = 1.5e-2;
 // With reuse_forward, the backward reads the forward's workspace instead of recomputing it; with
 // save, that forward also saved the per-chunk states and Vn.
 // host_offsets = false: cu_seqlens only on the device (the workspace sized from shapes alone).
+// edit, when given, changes the generated inputs first.
 void check_problem(const Problem& p, bool reuse_forward = false, bool save = false,
-                   bool host_offsets = true) {
+                   bool host_offsets = true,
+                   const std::function<void(ProblemData&)>& edit = nullptr) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   ProblemData data = generate(p);
+  if (edit) edit(data);
   ProblemResults ref = allocate_results(p, DType::f64);
   delta_rule_forward(data.inputs(), ref.outputs(), Method::recurrent);
   delta_rule_backward(data.inputs(), ref.grads(data), Method::recurrent);
@@ -166,6 +174,101 @@ TEST(CudaDeltaRule, F16) {
   Problem p = base(500, 2, 2);
   p.dtype = DType::f16;
   check_problem(p);
+}
+
+// Full resets (issue 11; core/reset.h): g = -inf, -1e38, -1e37, -200 among ordinary gates
+// (testing::add_resets), several in one chunk, at a chunk's first and last token, at random; one
+// sequence of 16 segments (their summaries and fold), varlen with resets at sequence starts and
+// ends, the backward reading the forward's states, most gates resets. The usual tolerances: a
+// decay across a reset is exactly 0 and the others are what they are without resets, up to the
+// rounding of G = H - 128 R in the gradient kernel (at most 2^-10 relative, a quarter of a bf16
+// rounding, with 63 resets in a chunk; 2^-16 with one).
+TEST(CudaDeltaRule, Resets) {
+  auto resets = [](std::vector<std::int64_t> tokens, double rate) {
+    return [tokens, rate](ProblemData& d) {
+      ASSERT_GT(testing::add_resets(d, tokens, rate, tokens.size() + 17), 0);
+    };
+  };
+  const std::vector<std::int64_t> ends = {0, 63, 64, 70, 71, 72, 100, 127, 128, 191, 500, 999};
+  check_problem(base(1000, 1, 2), false, false, true, resets(ends, 0.01));
+  check_problem(base(1000, 2, 2), false, false, true, resets({}, 0.5));  // most gates
+  check_problem(base(4096, 1, 2), true, true, true,
+                resets({0, 1, 1023, 1024, 2047, 2048, 3000, 4095}, 0.003));
+  Problem p = base(0, 2, 4);
+  p.seqlens = {1, 63, 64, 65, 700, 130};  // starts 0 1 64 128 193 893
+  for (auto n : p.seqlens) p.T += n;
+  const std::vector<std::int64_t> edges = {0, 1, 2, 63, 64, 127, 128, 191, 192, 193, 256, 892, 893};
+  check_problem(p, false, false, true, resets(edges, 0.02));
+  check_problem(p, true, true, false, resets(edges, 0.02));
+  Problem plain = base(300, 2, 4);
+  plain.B = 2, plain.initial_state = false, plain.use_qk_l2norm = false, plain.dtype = DType::f16;
+  check_problem(plain, false, false, true, resets(ends, 0.02));
+}
+
+// A NaN or inf input at token t (spec 7): the outputs of the chunks before t's, and everything of
+// the other sequences, stay finite and as without it.
+TEST(CudaDeltaRule, NonFiniteInputStaysInItsChunkAndAfter) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  Problem p = base(0, 1, 2);
+  p.seqlens = {100, 200};
+  p.T = 300;
+  const ProblemData clean = generate(p);
+  const std::int64_t t = 100 + 64 + 20, chunk_start = 100 + 64;  // sequence 1's second chunk
+  for (const char* field : {"q", "k", "v", "g", "beta"})
+    for (double bad : {std::nan(""), HUGE_VAL}) {
+      if (std::string(field) == "g" && bad > 0) continue;  // g <= 0; and g = -inf is a reset
+      ProblemData data = clean;
+      HostTensor& x = std::string(field) == "q"   ? data.q
+                      : std::string(field) == "k" ? data.k
+                      : std::string(field) == "v" ? data.v
+                      : std::string(field) == "g" ? data.g
+                                                  : data.beta;
+      core::store(x.ref(), t * (x.numel() / p.T), bad);  // head 0 of token t
+      DeviceTensor q(data.q), k(data.k), v(data.v), g(data.g), beta(data.beta),
+          h0(data.initial_state), cu(data.cu_seqlens), d_o(data.d_o), dht(data.d_final_state);
+      DeltaRuleInputs in = data.inputs();
+      in.q = q.ref, in.k = k.ref, in.v = v.ref, in.g = g.ref, in.beta = beta.ref;
+      in.initial_state = h0.ref, in.cu_seqlens = cu.ref;
+      ProblemResults shapes = allocate_results(p, DType::f32);
+      DeviceTensor o(data.q.dtype, shapes.o.shape), ht(DType::f32, shapes.final_state.shape);
+      DeviceTensor dq(data.q.dtype, shapes.dq.shape), dk(data.q.dtype, shapes.dk.shape),
+          dv(data.q.dtype, shapes.dv.shape), dg(DType::f32, shapes.dg.shape),
+          dbeta(data.beta.dtype, shapes.dbeta.shape), dh0(DType::f32, shapes.dh0.shape);
+      CudaContext ctx;
+      ctx.cu_seqlens_host = data.cu_seqlens.ref();
+      const std::size_t bytes =
+          std::max(delta_rule_forward_cuda_workspace(in, ctx.cu_seqlens_host),
+                   delta_rule_backward_cuda_workspace(in, ctx.cu_seqlens_host));
+      DeviceTensor workspace(DType::i32, {static_cast<std::int64_t>(bytes / 4 + 64)});
+      ctx.workspace = workspace.data;
+      ctx.workspace_bytes = bytes;
+      delta_rule_forward_cuda(in, {o.ref, ht.ref}, ctx);
+      delta_rule_backward_cuda(
+          in, {d_o.ref, dht.ref, dq.ref, dk.ref, dv.ref, dg.ref, dbeta.ref, dh0.ref}, ctx);
+      GDN_CUDA_CHECK(cudaDeviceSynchronize());
+      const std::string what = std::string(field) + " = " + std::to_string(bad);
+      // Rows [0, end) of a token tensor, and state row n, all finite.
+      auto finite_rows = [&](const DeviceTensor& d, std::int64_t end, const char* name) {
+        const HostTensor h = d.download();
+        const std::int64_t row = h.numel() / p.T;
+        for (std::int64_t i = 0; i < end * row; ++i)
+          ASSERT_TRUE(std::isfinite(core::load<double>(h.ref(), i)))
+              << what << ": " << name << " " << i;
+      };
+      auto finite_state = [&](const DeviceTensor& d, std::int64_t n, const char* name) {
+        const HostTensor h = d.download();
+        const std::int64_t row = h.numel() / 2;
+        for (std::int64_t i = n * row; i < (n + 1) * row; ++i)
+          ASSERT_TRUE(std::isfinite(core::load<double>(h.ref(), i)))
+              << what << ": " << name << " " << i;
+      };
+      finite_rows(o, chunk_start, "o");
+      const std::pair<const DeviceTensor*, const char*> grads[] = {
+          {&dq, "dq"}, {&dk, "dk"}, {&dv, "dv"}, {&dg, "dg"}, {&dbeta, "dbeta"}};
+      for (const auto& [d, name] : grads) finite_rows(*d, 100, name);
+      finite_state(ht, 0, "final_state");
+      finite_state(dh0, 0, "dh0");
+    }
 }
 
 TEST(CudaDeltaRule, RejectsUnsupportedShapes) {

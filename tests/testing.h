@@ -3,7 +3,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -49,6 +52,32 @@ inline void expect_close(ProblemResults& x, ProblemResults& ref, double tol,
                         << "; largest gap at flat index " << worst << ": "
                         << core::load<double>(a, worst) << " vs " << core::load<double>(b, worst);
   }
+}
+
+// Full resets (issue 11; src/core/reset.h) written over a problem's g: g = -inf, -1e38, -1e37 or
+// -200 in turn. At each of `tokens` (indices into the T axis) of every batch row, for two value
+// heads of three (which two, and which value, rotates with the head and the row), and at every
+// other token of every head with probability `rate` (fresh, from `seed`). The other gates stay as
+// generated. Returns how many gates became resets.
+inline std::int64_t add_resets(ProblemData& d, const std::vector<std::int64_t>& tokens, double rate,
+                               std::uint64_t seed) {
+  constexpr double kValues[] = {-std::numeric_limits<double>::infinity(), -1e38, -1e37, -200.0};
+  const TensorRef g = d.g.ref();
+  const std::int64_t B = g.shape[0], T = g.shape[1], HV = g.shape[2];
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  std::int64_t count = 0;
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t t = 0; t < T; ++t)
+      for (std::int64_t hv = 0; hv < HV; ++hv) {
+        const bool listed = std::find(tokens.begin(), tokens.end(), t) != tokens.end();
+        const auto turn = static_cast<std::size_t>(t + hv + b);
+        if ((listed && turn % 3 != 0) || unit(rng) < rate) {
+          core::store(g, (b * T + t) * HV + hv, kValues[turn % 4]);
+          ++count;
+        }
+      }
+  return count;
 }
 
 }  // namespace gdn::testing

@@ -11,11 +11,18 @@
 
 namespace gdn {
 
+// Inputs are finite, except that g may be -inf: a full reset, exp(g) = 0, the token forgets the
+// state entering it, and its dg is 0 (any g <= -128 acts so on the chunked paths; spec 2, 3). A
+// NaN or inf elsewhere, at token t of a sequence, is not checked: as in the recurrence, it makes
+// outputs of tokens >= t and the final state non-finite, and in the backward most gradients of
+// the sequence; the chunked paths may also make non-finite the outputs of the tokens of t's
+// chunk before t (at most chunk_size - 1) and any gradient of that chunk. Earlier chunks' outputs
+// and other sequences stay as without it; flash-linear-attention behaves the same (spec 7).
 struct DeltaRuleInputs {
   TensorRef q;              // [B, T, HK, K]  f64 / f32 / bf16 / f16
   TensorRef k;              // [B, T, HK, K]  same dtype as q
   TensorRef v;              // [B, T, HV, V]  same dtype as q
-  TensorRef g;              // [B, T, HV]     log decay (<= 0), f32 (or q's dtype)
+  TensorRef g;              // [B, T, HV]     log decay (<= 0; -inf resets), f32 (or q's dtype)
   TensorRef beta;           // [B, T, HV]     write strength in (0, 1), f32 or q's dtype
   TensorRef initial_state;  // [N, HV, K, V]  f32 (or f64), optional: zeros when not given
   TensorRef cu_seqlens;     // [N + 1]        i32 / i64 offsets, optional: packs N sequences, B = 1

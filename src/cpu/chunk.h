@@ -3,7 +3,9 @@
 // and backward. Matrices are row-major: row i is token i of the chunk.
 
 #include <Eigen/Dense>
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "cpu/packed.h"
 
@@ -20,7 +22,7 @@ using ConstBlock = Eigen::Map<const Mat, 0, Stride>;
 struct Chunk {
   std::int64_t c = 0, K = 0, C = 0;
   const float *q_rows = nullptr, *k_rows = nullptr, *kk_rows = nullptr;
-  Vec G;          // [c]  chunk-local cumulative sum of g
+  Vec H;          // [c]  chunk-local cumulative sum of the g that are not resets
   Vec beta;       // [c]
   Vec e;          // [c]  exp(G_i)
   Vec f;          // [c]  exp(G_last - G_i)
@@ -30,6 +32,9 @@ struct Chunk {
   Mat L;          // [c, c]  strictly_lower(diag(beta) K K^T * decay)
   Mat X;          // [2c, K] [diag(beta e) K; diag(e) Q]: the rows that multiply S
   Mat Kf;         // [c, K]  diag(f) K
+  // [c]  token i's segment: its last full reset at or before i (core/reset.h), -1 without one.
+  // Decays are exp(H_i - H_j) within a segment and exactly 0 across a reset.
+  std::vector<std::int64_t> first;
 
   Rows q() const { return {q_rows, c, K}; }                     // [c, K]  l2-normalized when asked
   Rows k() const { return {k_rows, c, K}; }                     // [c, K]
@@ -46,17 +51,29 @@ struct Chunk {
     k_rows = p.k.data() + key_row * K;
     kk_rows = p.kk.data() + key_row * C;
     const ConstBlock qk(p.qk.data() + key_row * C, c, c, Stride(C));
-    G = Eigen::Map<const Vec>(p.G.data() + value_row, c);
+    H = Eigen::Map<const Vec>(p.H.data() + value_row, c);
     beta = Eigen::Map<const Vec>(p.beta.data() + value_row, c);
-    e = G.array().exp();
-    f = (G[c - 1] - G.array()).exp();
-    gamma = std::exp(G[c - 1]);
-    // G is non-increasing, so G_i - G_j <= 0 on and below the diagonal: exp never overflows.
+    first.resize(static_cast<std::size_t>(c));
+    std::int64_t last = -1, opening = c;  // the chunk's last reset; its first (c without one)
+    for (std::int64_t i = 0; i < c; ++i) {
+      if (p.reset[value_row + i] != 0.0f) last = i, opening = std::min(opening, i);
+      first[static_cast<std::size_t>(i)] = last;
+    }
+    // With G = H - (the resets' share, -inf in effect): exp(G_i) is 0 from the first reset on,
+    // exp(G_last - G_i) before the last reset, and exp(G_last) after any.
+    e.setZero(c);
+    e.head(opening) = H.head(opening).array().exp();
+    const std::int64_t tail = c - std::max<std::int64_t>(last, 0);
+    f.setZero(c);
+    f.tail(tail) = (H[c - 1] - H.tail(tail).array()).exp();
+    gamma = last < 0 ? std::exp(H[c - 1]) : 0.0f;
+    // H is non-increasing, so H_i - H_j <= 0 on and below the diagonal: exp never overflows.
     decay.setZero(c, c);
     P.setZero(c, c);
     L.setZero(c, c);
     for (std::int64_t i = 0; i < c; ++i) {
-      decay.row(i).head(i + 1) = (G[i] - G.head(i + 1).array()).exp();
+      const std::int64_t j0 = std::max<std::int64_t>(first[static_cast<std::size_t>(i)], 0);
+      decay.row(i).segment(j0, i + 1 - j0) = (H[i] - H.segment(j0, i + 1 - j0).array()).exp();
       P.row(i).head(i + 1) = qk.row(i).head(i + 1).cwiseProduct(decay.row(i).head(i + 1));
       L.row(i).head(i) = beta[i] * kk().row(i).head(i).cwiseProduct(decay.row(i).head(i));
     }

@@ -140,8 +140,14 @@ void chunked_backward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
           t_pair = x.beta.asDiagonal() * m2;
           add_pair_terms(t_pair, dG);
 
-          // G = cumsum(g): dg_j = sum_{i >= j} dG_i
-          for (std::int64_t i = c - 2; i >= 0; --i) dG[i] += dG[i + 1];
+          // G = cumsum(g): dg_j = sum_{i >= j} dG_i. The terms from a reset r on sum to 0
+          // exactly (the factors that change when all G_i, i >= r, move together are those
+          // across r, all 0; core/reset.h), so the sum stops at the next reset, and a reset's
+          // own dg is 0 (the derivative of the clamp max(g, -128)).
+          for (std::int64_t i = c - 2; i >= 0; --i)
+            if (x.first[static_cast<std::size_t>(i + 1)] != i + 1) dG[i] += dG[i + 1];
+          for (std::int64_t i = 0; i < c; ++i)
+            if (x.first[static_cast<std::size_t>(i)] == i) dG[i] = 0;
 
           for (std::int64_t i = 0; i < c; ++i) {
             core::store_row(gr.dv, at.v(b, t + i, hv), V, v.row(i).data());

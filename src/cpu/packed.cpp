@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "core/reset.h"
 #include "cpu/chunk.h"
 
 namespace gdn::cpu {
@@ -39,8 +40,9 @@ Packed pack(const DeltaRuleInputs& in, const DeltaRuleShape& s, const std::vecto
            .rk = Buffer(key_rows),
            .qk = Buffer(key_rows * C),
            .kk = Buffer(key_rows * C),
-           .G = Buffer(value_rows),
-           .beta = Buffer(value_rows)};
+           .H = Buffer(value_rows),
+           .beta = Buffer(value_rows),
+           .reset = Buffer(value_rows)};
   const auto tasks = static_cast<std::int64_t>(spans.size()) * s.HK;
 #pragma omp parallel for schedule(dynamic)
   for (std::int64_t task = 0; task < tasks; ++task) {
@@ -63,11 +65,15 @@ Packed pack(const DeltaRuleInputs& in, const DeltaRuleShape& s, const std::vecto
     qk.triangularView<Eigen::StrictlyUpper>().setZero();
     kk.triangularView<Eigen::StrictlyUpper>().setZero();
     for (std::int64_t hv = hk * group; hv < (hk + 1) * group; ++hv) {
-      float running = 0;
+      const std::int64_t first = p.value_row(b, hv, t);
+      float running = 0;  // H_i = sum of g_j, j <= i, over the j that are not resets
       for (std::int64_t i = 0; i < c; ++i) {
-        running += core::load<float>(in.g, at.gate(b, t + i, hv));  // G_i = sum_{j <= i} g_j
-        p.G[p.value_row(b, hv, t) + i] = running;
-        p.beta[p.value_row(b, hv, t) + i] = core::load<float>(in.beta, at.gate(b, t + i, hv));
+        const auto g = core::load<float>(in.g, at.gate(b, t + i, hv));
+        const bool reset = core::is_reset(g);
+        if (!reset) running += g;
+        p.H[first + i] = running;
+        p.reset[first + i] = reset ? 1.0f : 0.0f;
+        p.beta[first + i] = core::load<float>(in.beta, at.gate(b, t + i, hv));
       }
     }
   }

@@ -44,7 +44,8 @@ struct Packed {
   Buffer q, k;     // [B, HK, T, K]  l2-normalized when asked
   Buffer rq, rk;   // [B, HK, T]     the l2norm factors r (1 without l2norm)
   Buffer qk, kk;   // [B, HK, T, C]  row i: row i of its chunk's Q K^T, K K^T (0 above the diagonal)
-  Buffer G, beta;  // [B, HV, T]     G: chunk-local cumulative sum of g
+  Buffer H, beta;  // [B, HV, T]     H: chunk-local cumulative sum of the g that are not resets
+  Buffer reset;    // [B, HV, T]     1 for a full reset (core/reset.h), else 0
 
   std::int64_t key_row(std::int64_t b, std::int64_t hk, std::int64_t t) const {
     return (b * s.HK + hk) * s.T + t;

@@ -3,13 +3,17 @@
 //   G = chunk-local cumsum(g),  L = strictly_lower(diag(beta) K K^T * exp(G_i - G_j)),
 //   A = (I + L)^-1,  P = scale (Q K^T) * exp(G_i - G_j) on and below the diagonal,
 // stored as G, beta and the gates exp(G), exp(G_last - G), beta exp(G) (f32) and A, P (bf16) for
-// the state passes and the gradient kernel.
+// the state passes and the gradient kernel. Full resets (g <= -128, -inf included; core/reset.h):
+// G is scanned as H, the sum of the other g, and R, the resets so far; the decays come from H
+// within a segment and are exactly 0 across a reset, and the G stored for the gradient kernel
+// is H - 128 R (whose decays across a reset are exp(<= -128) = 0 in float32).
 // q and k become bf16, l2-normalized when asked (spec 1: x * rsqrt(sum(x^2) + 1e-6)), with the
 // factor kept for the backward; K K^T and Q K^T are computed once for the group and share their
 // K^T fragments (mma.sync). A is inverted in 16 x 16 blocks: forward substitution in f32 on the
 // diagonal blocks, then by block diagonals d = 1, 2, 3 on tensor cores (bf16 operands, f32
 // sums), A_ij = -A_ii sum_{j <= m < i} L_im A_mj, computed transposed so that the sum stays in
 // registers: A_ij^T = -(sum_m A_mj^T L_im^T) A_ii^T.
+#include "core/reset.h"
 #include "cuda/check.h"
 #include "cuda/kernels.h"
 #include "cuda/mma.cuh"
@@ -26,14 +30,15 @@ struct PrepSmem {
   static constexpr int qs = ks + kC * kLdH * 2;      // [64][136]  q, Q, then P (bf16 [64][72])
   static constexpr int lb = qs + kC * kLdH * 2;      // bf16 [64][72]   L
   static constexpr int l = lb + kC * kLdH64 * 2;     // f32 [64][68]    L
-  static constexpr int gates = l + kC * kLdF64 * 4;  // f32 G[64], beta[64]
-  static constexpr int bytes = gates + 2 * kC * 4;
+  static constexpr int gates = l + kC * kLdF64 * 4;  // f32 H[64], R[64], beta[64]
+  static constexpr int bytes = gates + 3 * kC * 4;
 };
 
-// G = inclusive cumsum of the 64 values, by warp 0 (two values per lane).
-__device__ inline void chunk_cumsum(float* G) {
-  if (threadIdx.x >= 32) return;
-  const int lane = threadIdx.x;
+// Inclusive cumsums of the 64 values of H (warp 0) and of R (warp 1), two values per lane.
+__device__ inline void chunk_cumsum(float* H, float* R) {
+  if (threadIdx.x >= 64) return;
+  const int lane = threadIdx.x % 32;
+  float* G = threadIdx.x < 32 ? H : R;
   float lo = G[lane], hi = G[lane + 32];
   for (int offset = 1; offset < 32; offset *= 2) {
     const float a = __shfl_up_sync(0xffffffffu, lo, offset);
@@ -114,8 +119,9 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(Params p) {
   bf16* ks = reinterpret_cast<bf16*>(smem + PrepSmem::ks);
   bf16* qs = reinterpret_cast<bf16*>(smem + PrepSmem::qs);
   float* L = reinterpret_cast<float*>(smem + PrepSmem::l);
-  float* G = reinterpret_cast<float*>(smem + PrepSmem::gates);
-  float* beta = G + kC;
+  float* H = reinterpret_cast<float*>(smem + PrepSmem::gates);  // G without the resets
+  float* R = H + kC;                                            // the resets up to each row
+  float* beta = R + kC;
 
   // g and beta of row tid, loaded a value head ahead; padded rows: g = 0 (G keeps its last
   // value) and beta = 0.
@@ -192,17 +198,26 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(Params p) {
   for (int gi = 0; gi < group; ++gi) {
     const int hv = hk * group + gi;
     const long long s = slot(p, cid, hv);
-    if (tid < kC) G[tid] = g_next, beta[tid] = beta_next;
+    if (tid < kC) {  // a NaN g is no reset: it spreads like any NaN (spec 7)
+      const bool reset = core::is_reset(g_next);
+      H[tid] = reset ? 0.0f : g_next;
+      R[tid] = reset ? 1.0f : 0.0f;
+      beta[tid] = beta_next;
+    }
     if (gi + 1 < group) fetch(hv + 1);
     __syncthreads();  // also: the previous head is done with L, P and A
-    chunk_cumsum(G);
+    chunk_cumsum(H, R);
     __syncthreads();
+    // exp(G_i - G_j) for j <= i: exp(H_i - H_j) without a reset in (j, i], else 0.
+    auto decay = [&](int i, int j) {
+      return j <= i && R[i] == R[j] ? __expf(H[i] - H[j]) : 0.0f;  // mask before exp
+    };
     if (tid < kC) {
-      const float e = __expf(G[tid]);
-      p.G[s * kC + tid] = G[tid];
+      const float e = R[tid] == 0.0f ? __expf(H[tid]) : 0.0f;
+      p.G[s * kC + tid] = H[tid] - core::kResetLogDecay * R[tid];
       p.bt[s * kC + tid] = beta[tid];
       p.gates[s * 3 * kC + tid] = e;
-      p.gates[s * 3 * kC + kC + tid] = __expf(G[kC - 1] - G[tid]);
+      p.gates[s * 3 * kC + kC + tid] = decay(kC - 1, tid);
       p.gates[s * 3 * kC + 2 * kC + tid] = beta[tid] * e;
     }
 #pragma unroll
@@ -210,11 +225,11 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(Params p) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int i = 16 * warp + lane / 4 + 8 * (e / 2), j = 8 * nt + 2 * (lane % 4) + e % 2;
-        const float decay = j <= i ? __expf(G[i] - G[j]) : 0.0f;  // mask before exp
-        const float x = j < i ? beta[i] * kk[nt][e] * decay : 0.0f;
+        const float d = decay(i, j);
+        const float x = j < i ? beta[i] * kk[nt][e] * d : 0.0f;
         L[i * kLdF64 + j] = x;
         lb[i * kLdH64 + j] = from_float<bf16>(x);
-        pb[i * kLdH64 + j] = from_float<bf16>(p.scale * qk[nt][e] * decay);
+        pb[i * kLdH64 + j] = from_float<bf16>(p.scale * qk[nt][e] * d);
       }
     __syncthreads();
     store_tile64(p.P + s * kC * kC, pb);
