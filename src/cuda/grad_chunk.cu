@@ -11,8 +11,19 @@
 // then back through the l2norm (spec 1).
 //
 // Warp w owns rows 16 (w % 4) .. + 15 of every product and half of its columns (w / 4): the
-// products are mma.sync on ldmatrix fragments, row sums reduce over the 4 lanes of a row and
-// go to shared dG, db with the column sums by shared atomics.
+// products are mma.sync on ldmatrix fragments, row sums reduce over the 4 lanes of a row.
+//
+// Deterministic: no float atomics, every sum is added in an order fixed by the code, so dq dk dv
+// dg dbeta are bitwise the same run to run. dG_i and db_i have partial sums from several warps:
+// each warp keeps its own in shared slots that no other thread writes, and one pass adds the
+// slots in a fixed order. The row terms of row i in column half h are added, in program order,
+// by the one thread that owns them (lane 4 (i % 8) of warp 4 h + i / 16) into dG_rows[h][i] and
+// db_rows[h][i]; the column terms -sum_i t_ij of column j in row block r are summed by shuffles
+// and stored once into dG_cols[r][j]; each warp stores its part of gamma's gradient into
+// extra[warp]. After a barrier, warp 0 adds dG_i = (rows[0] + rows[1]) - ((cols[0] + cols[1]) +
+// (cols[2] + cols[3])), db_i = rows[0] + rows[1] and extra = extra[0] + ... + extra[7]. Cost:
+// 1.5 KB more shared memory; each shared atomic became a load and a store of its owner (no
+// conflicts: one thread per address), the 8 atomics per warp into one extra 3 shuffles.
 #include "cuda/check.h"
 #include "cuda/kernels.h"
 #include "cuda/mma.cuh"
@@ -33,11 +44,15 @@ struct GradSmem {
   static constexpr int a = dvn + 2 * kC * kLdH * 2;   // bf16 [64][72]  A, then dP * decay
   static constexpr int d_o = a + kC * kLdH64 * 2;     // bf16 [64][136] dO
   static constexpr int dls = d_o + kC * kLdH * 2;     // bf16 [64][72]  F + F^T
-  static constexpr int vec = dls + kC * kLdH64 * 2;   // f32 G, beta, dG, db [64]; extra
-  static constexpr int dots = vec + (4 * kC + 4) * 4;  // f32 [2][2][64] (q or k, half, row)
+  static constexpr int vec = dls + kC * kLdH64 * 2;   // f32 [2][64] G, beta
+  static constexpr int rows = vec + 2 * kC * 4;       // f32 [2][2][64] dG, db row sums (half, row)
+  static constexpr int cols = rows + 4 * kC * 4;      // f32 [4][64] dG column sums (block, column)
+  static constexpr int extra = cols + 4 * kC * 4;     // f32 [8] gamma's gradient (warp)
+  static constexpr int dots = extra + kWarps * 4;     // f32 [2][2][64] (q or k, half, row)
   static constexpr int bytes = dots + 4 * kC * 4;
 };
 static_assert(kC * kLdF64 * 4 <= kC * kLdH * 2, "F fits in the Vn tile");
+static_assert(GradSmem::bytes <= 227 * 1024, "one block fits in a Hopper SM's shared memory");
 
 // Sums v over the 4 lanes that share a row.
 __device__ inline float row_sum(float v) {
@@ -51,7 +66,8 @@ __device__ inline float col_sum(float v) {
   return v + __shfl_xor_sync(0xffffffffu, v, 16);
 }
 
-// out[r] += row sums (rows lo, lo + 8 of a 16-row block) of n accumulator tiles times w(col).
+// out[r] += row sums (rows lo, lo + 8 of a 16-row block) of n accumulator tiles times w(col),
+// by the row's owner (lane 4 g: the same thread for every term of the row, in program order).
 template <int N, typename Weight>
 __device__ inline void add_row_sums(float* out, int row0, const Acc (&x)[N], Weight w,
                                     float factor_lo, float factor_hi) {
@@ -64,8 +80,8 @@ __device__ inline void add_row_sums(float* out, int row0, const Acc (&x)[N], Wei
   hi = row_sum(hi);
   if (threadIdx.x % 4 == 0) {
     const int g = threadIdx.x % 32 / 4;
-    atomicAdd(out + row0 + g, factor_lo * lo);
-    atomicAdd(out + row0 + g + 8, factor_hi * hi);
+    out[row0 + g] += factor_lo * lo;
+    out[row0 + g + 8] += factor_hi * hi;
   }
 }
 
@@ -90,8 +106,14 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
   bf16* dos = reinterpret_cast<bf16*>(smem + GradSmem::d_o);
   bf16* dls = reinterpret_cast<bf16*>(smem + GradSmem::dls);
   float* G = reinterpret_cast<float*>(smem + GradSmem::vec);
-  float *beta = G + kC, *dG = beta + kC, *db = dG + kC, *extra = db + kC;
+  float* beta = G + kC;
+  float* dG_rows = reinterpret_cast<float*>(smem + GradSmem::rows);  // [half][row]
+  float* db_rows = dG_rows + 2 * kC;
+  float* dG_cols = reinterpret_cast<float*>(smem + GradSmem::cols);  // [row block][column]
+  float* extra = reinterpret_cast<float*>(smem + GradSmem::extra);   // [warp]
   float* dots = reinterpret_cast<float*>(smem + GradSmem::dots);
+  float* dG = dG_rows + half * kC;  // this warp's row slots (written only by the row's owner)
+  float* db = db_rows + half * kC;
 
   const long long row = qk_row(p, info.b, info.t0, hk);
   issue_rows<kD>(qs, kLdH, p.qn + row * kD, p.HK * kD, kC, len);
@@ -134,10 +156,11 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
     if (tid < kC) {
       G[tid] = p.G[s * kC + tid];
       beta[tid] = p.bt[s * kC + tid];
-      dG[tid] = 0.0f;
-      db[tid] = 0.0f;
     }
-    if (tid == 0) extra[0] = 0.0f;
+    if (tid < 2 * kC) {  // dG_cols and extra are stored whole, not added to
+      dG_rows[tid] = 0.0f;
+      db_rows[tid] = 0.0f;
+    }
     if (prefetch)  // all but the next value head's Vn, dVn
       cp_async_wait<1>();
     else
@@ -162,7 +185,7 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
         part += x.x * y.x + x.y * y.y;
       }
       part = warp_sum(part);
-      if (lane == 0) atomicAdd(extra, gamma * part);
+      if (lane == 0) extra[warp] = gamma * part;
     }
 
     // dKf = Vn dS^T (columns of this half); dk += diag(f) dKf; dG_i -= f_i sum_j K_ij dKf_ij.
@@ -184,11 +207,14 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
       }
       lo = row_sum(lo) * f_lo;
       hi = row_sum(hi) * f_hi;
-      if (lane % 4 == 0) {  // the f_i terms of exp(G_last) go to dG_{len-1} at the end
-        atomicAdd(dG + i_lo, -lo);
-        atomicAdd(dG + i_hi, -hi);
-        atomicAdd(extra, (i_lo < len ? lo : 0.0f) + (i_hi < len ? hi : 0.0f));
+      if (lane % 4 == 0) {
+        dG[i_lo] -= lo;
+        dG[i_hi] -= hi;
       }
+      // The f_i terms of exp(G_last) go to dG_{len-1} at the end: summed over the warp's rows
+      // (every lane of a row holds its sum; col_sum adds the 8 rows of lanes 0, 4, .., 28).
+      const float mine = col_sum((i_lo < len ? lo : 0.0f) + (i_hi < len ? hi : 0.0f));
+      if (lane == 0) extra[warp] += mine;
     }
     __syncthreads();  // dS^T is done: the next value head's takes its place
     if (gi + 1 < group) {
@@ -265,7 +291,7 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
         }
       lo = row_sum(lo);
       hi = row_sum(hi);
-      if (lane % 4 == 0) atomicAdd(dG + r0 + g, lo), atomicAdd(dG + r0 + g + 8, hi);
+      if (lane % 4 == 0) dG[i_lo] += lo, dG[i_hi] += hi;
     }
     __syncthreads();  // -dR is complete
 
@@ -290,15 +316,15 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
         }
       lo_t = row_sum(lo_t), hi_t = row_sum(hi_t), lo_m = row_sum(lo_m), hi_m = row_sum(hi_m);
       if (lane % 4 == 0) {
-        atomicAdd(dG + r0 + g, lo_t), atomicAdd(dG + r0 + g + 8, hi_t);
-        atomicAdd(db + r0 + g, lo_m), atomicAdd(db + r0 + g + 8, hi_m);
+        dG[i_lo] += lo_t, dG[i_hi] += hi_t;
+        db[i_lo] += lo_m, db[i_hi] += hi_m;
       }
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const float sum = col_sum(colsum[nt][e]);
-          if (g == 0) atomicAdd(dG + 32 * half + 8 * nt + c + e, -sum);
+          const float sum = col_sum(colsum[nt][e]);  // column j over this warp's 16 rows
+          if (g == 0) dG_cols[(warp % 4) * kC + 32 * half + 8 * nt + c + e] = sum;
         }
     }
     __syncthreads();  // every warp is done with Vn and A: F and dP * decay take their place
@@ -371,17 +397,25 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
       hi = row_sum(hi) * e_hi;
       if (lane % 4 == 0) {
         if (which) {
-          atomicAdd(dG + i_lo, lo), atomicAdd(dG + i_hi, hi);
+          dG[i_lo] += lo, dG[i_hi] += hi;
         } else {
-          atomicAdd(db + i_lo, lo), atomicAdd(db + i_hi, hi);
-          atomicAdd(dG + i_lo, beta[i_lo] * lo), atomicAdd(dG + i_hi, beta[i_hi] * hi);
+          db[i_lo] += lo, db[i_hi] += hi;
+          dG[i_lo] += beta[i_lo] * lo, dG[i_hi] += beta[i_hi] * hi;
         }
       }
     }
     __syncthreads();
     if (warp == 0) {  // dG_{len-1} += extra; dg_j = sum_{j <= i < len} dG_i (a suffix scan)
-      float lo = lane < len ? dG[lane] : 0.0f, hi = lane + 32 < len ? dG[lane + 32] : 0.0f;
-      if (lane == (len - 1) % 32) (len > 32 ? hi : lo) += extra[0];
+      // The slots, added in a fixed order (the opening comment).
+      auto dG_sum = [&](int i) {
+        return (dG_rows[i] + dG_rows[kC + i]) -
+               ((dG_cols[i] + dG_cols[kC + i]) + (dG_cols[2 * kC + i] + dG_cols[3 * kC + i]));
+      };
+      float gamma_grad = extra[0];
+#pragma unroll
+      for (int w = 1; w < kWarps; ++w) gamma_grad += extra[w];
+      float lo = lane < len ? dG_sum(lane) : 0.0f, hi = lane + 32 < len ? dG_sum(lane + 32) : 0.0f;
+      if (lane == (len - 1) % 32) (len > 32 ? hi : lo) += gamma_grad;
       for (int offset = 1; offset < 32; offset *= 2) {
         const float a = __shfl_down_sync(0xffffffffu, lo, offset);
         const float b = __shfl_down_sync(0xffffffffu, hi, offset);
@@ -391,7 +425,7 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
       for (int i = lane; i < len; i += 32) {
         const long long r = v_row(p, info.b, info.t0 + i, hv);
         p.dg[r] = i < 32 ? lo : hi;
-        store_scalar(p.dbeta, r, p.beta_code, db[i]);
+        store_scalar(p.dbeta, r, p.beta_code, db_rows[i] + db_rows[kC + i]);
       }
     }
     __syncthreads();  // the next value head's tiles and dG, db wait for every warp
