@@ -5,7 +5,9 @@
 // data in device memory. Supported: q, k, v (and beta) in bf16 or f16, beta also f32, g f32,
 // states f32, K = V = 128, chunk_size 64, grouped heads, in-kernel l2norm, varlen.
 // The library never allocates, never synchronizes and runs everything on `stream`: the caller
-// gives a device workspace of at least the queried size (256-byte aligned).
+// gives a device workspace of at least the queried size (256-byte aligned). Every entry point
+// checks that the current device is sm_90 (once per device) and throws gdn::Error otherwise.
+// The backward's gradients are deterministic: bitwise the same for the same inputs, run to run.
 
 #include <cstddef>
 
@@ -31,6 +33,10 @@ struct CudaContext {
   // Backward only, optional: the workspace of the forward of these same inputs, as that forward
   // left it. The backward then reads the forward's intermediates instead of recomputing them
   // (and never writes there), and needs only the workspace queried with reuse_forward = true.
+  // The forward writes a header there (its shapes, options, segments, device, and the offsets
+  // it read); the backward compares it with its own on the device, and on a mismatch computes
+  // nothing, sets its gradients to NaN and leaves a gdn::Error for the host, thrown by the next
+  // forward or backward call, or by cuda_check_deferred_errors (no synchronization in a call).
   const void* forward_workspace = nullptr;
   std::size_t forward_workspace_bytes = 0;
   // Forward: also keep the per-chunk states and Vn in the workspace (a training forward; query
@@ -57,6 +63,13 @@ void delta_rule_forward_cuda(const DeltaRuleInputs& in, const DeltaRuleOutputs& 
 // ctx.forward_workspace holds them (and the per-chunk states unless it was saved for backward).
 void delta_rule_backward_cuda(const DeltaRuleInputs& in, const DeltaRuleGrads& grads,
                               const CudaContext& ctx);
+
+// Throws the gdn::Error that a device-side check of an earlier call left (today: a backward
+// handed a forward_workspace that is not its inputs' forward's), once; nothing if none did.
+// Reads host memory only, so it sees what the device has done by now: synchronize with the
+// stream first to learn about the calls enqueued on it. Every forward and backward calls it
+// first.
+void cuda_check_deferred_errors();
 
 // Context parallelism on CUDA (gdn/context_parallel.h): every rank's tensors in device memory,
 // with the dtypes above, and its work on comm.stream() (a device communicator,

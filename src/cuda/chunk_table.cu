@@ -1,16 +1,77 @@
-// The chunk table, from cu_seqlens or the batch rows.
+// The chunk table, from cu_seqlens or the batch rows; the workspace header (delta_rule.cu).
 #include "cuda/check.h"
 #include "cuda/kernels.h"
 
 namespace gdn::cuda {
 namespace {
 
+// A backward that reads a forward's workspace records which of the header's fields differs
+// first, or the first sequence whose offsets differ, in the mailbox, unless it holds one already.
+__device__ void record_mismatch(const Params& p, int field, int n) {
+  volatile DeferredError* e = p.deferred;
+  if (e == nullptr || e->state != 0) return;
+  e->state = 1;
+  e->device = p.header.field[kDevice];
+  e->field = field;
+  e->sequence = n;
+  if (field < kHeaderFields) {
+    e->values[0] = p.saved_header->field[field];
+    e->values[1] = p.header.field[field];
+  } else {
+    e->values[0] = p.saved_seq_begin[n];
+    e->values[1] = p.saved_seq_len[n];
+    e->values[2] = p.seq_begin[n];
+    e->values[3] = p.seq_len[n];
+  }
+  __threadfence_system();  // the fields before the state that says they are there
+  e->state = 2;
+}
+
+// `count` 16-bit or 32-bit values set to `bits`, by the block.
+template <typename T>
+__device__ void fill(void* data, long long count, T bits) {
+  if (data == nullptr) return;
+  for (long long i = threadIdx.x; i < count; i += blockDim.x) static_cast<T*>(data)[i] = bits;
+}
+
+// Every gradient of a backward that computes nothing set to NaN: a mismatch is never silent.
+__device__ void poison_gradients(const Params& p) {
+  using U16 = unsigned short;
+  const U16 nan16 = p.header.field[kDtype] == 1 ? U16{0x7FC0} : U16{0x7E00};  // bf16, f16
+  const unsigned nan32 = 0x7FC00000u;
+  const long long tokens = static_cast<long long>(p.B) * p.T;
+  fill(p.dq, tokens * p.HK * kD, nan16);
+  fill(p.dk, tokens * p.HK * kD, nan16);
+  fill(p.dv, tokens * p.HV * kD, nan16);
+  fill(p.dg, tokens * p.HV, nan32);
+  if (p.beta_code == 0)
+    fill(p.dbeta, tokens * p.HV, nan32);
+  else
+    fill(p.dbeta, tokens * p.HV, p.beta_code == 1 ? U16{0x7FC0} : U16{0x7E00});
+  fill(p.dh0, static_cast<long long>(p.N) * p.HV * kD * kD, nan32);
+}
+
+// Leaves every sequence without chunks: no later kernel computes anything.
+__device__ void empty_table(const Params& p) {
+  for (int n = 0; n <= p.N; ++n) p.chunk_begin[n] = 0;
+  for (int n = 0; n < p.N; ++n) p.seq_len[n] = 0;
+}
+
 // One block: sequence n has ceil(len / 64) chunks starting at slot chunk_begin[n]. Offsets the
 // host did not check (cu_seqlens on the device only) that are not 0, increasing, ending at T, or
 // that need more than the NC slots planned, leave every sequence empty: nothing is computed
 // (the contract is broken) but nothing is read or written out of bounds either.
+//
+// It also writes this call's header at header_out (a forward's workspace). A backward that reads
+// a forward's workspace builds its own table here, in its own workspace, and compares the header
+// there and that forward's table with its own: on a mismatch it leaves every sequence empty too
+// (so no later kernel reads the forward's workspace, or writes out of the gradients' bounds by
+// that forward's chunks), sets the gradients to NaN and records what differs in the mailbox.
 __global__ void chunk_table_kernel(Params p) {
+  __shared__ int bad_field;     // the first header field that differs, or kHeaderFields
+  __shared__ int bad_sequence;  // the first sequence whose offsets differ, or N
   if (threadIdx.x == 0) {
+    if (p.header_out) *p.header_out = p.header;
     int total = 0;
     bool valid = true;
     for (int n = 0; n < p.N; ++n) {
@@ -31,12 +92,37 @@ __global__ void chunk_table_kernel(Params p) {
       total += (len + kC - 1) / kC;
     }
     p.chunk_begin[p.N] = total;
-    if (!valid || total > p.NC) {
-      for (int n = 0; n <= p.N; ++n) p.chunk_begin[n] = 0;
-      for (int n = 0; n < p.N; ++n) p.seq_len[n] = 0;
+    if (!valid || total > p.NC) empty_table(p);
+    bad_field = kHeaderFields;
+    bad_sequence = p.N;
+    if (p.saved_header) {
+      // Equal fields, except that a forward that saved its states serves a backward that does
+      // not read them (the saved ones come after the rest).
+      for (int f = 0; f < kHeaderFields && bad_field == kHeaderFields; ++f) {
+        const int forward = p.saved_header->field[f], backward = p.header.field[f];
+        if (f == kSaved ? backward != 0 && forward != 1 : forward != backward) bad_field = f;
+      }
     }
   }
   __syncthreads();
+  // The headers agree, so the forward's table is where this call's plan puts it: the same
+  // offsets (cu_seqlens, read on the device by both) give the same table.
+  const bool compare = p.saved_header != nullptr && bad_field == kHeaderFields;
+  if (compare) {
+    for (int n = threadIdx.x; n < p.N; n += blockDim.x)
+      if (p.saved_seq_begin[n] != p.seq_begin[n] || p.saved_seq_len[n] != p.seq_len[n] ||
+          p.saved_chunk_begin[n + 1] != p.chunk_begin[n + 1])
+        atomicMin(&bad_sequence, n);
+    __syncthreads();
+  }
+  const bool mismatch = p.saved_header != nullptr && (!compare || bad_sequence < p.N);
+  if (mismatch) {
+    if (threadIdx.x == 0) {
+      record_mismatch(p, bad_field, bad_sequence);
+      empty_table(p);
+    }
+    __syncthreads();
+  }
   const int total = p.chunk_begin[p.N];
   for (int cid = threadIdx.x; cid < p.NC; cid += blockDim.x) {
     ChunkInfo info{0, 0, 0, 0, 0};
@@ -55,6 +141,7 @@ __global__ void chunk_table_kernel(Params p) {
     }
     p.chunks[cid] = info;
   }
+  if (mismatch) poison_gradients(p);
 }
 
 }  // namespace

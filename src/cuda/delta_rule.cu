@@ -1,9 +1,34 @@
 // The public CUDA entry points: argument checks, the workspace plan, dtype dispatch, launches.
+//
+// The forward workspace's header. A backward handed a forward's workspace (forward_workspace)
+// reads that forward's intermediates, so it checks that they are these inputs': every forward
+// writes a header at the start of its workspace (magic, device, B T HK HV K V, chunk size,
+// sequences, chunk slots, segments, flags, dtypes, scale), and the backward compares it, with
+// that forward's sequence table (cu_seqlens as the forward read them), to its own. The header
+// lives in device memory and is written on the stream, like the rest of the workspace, so the
+// host cannot read it without synchronizing, which a call must not do (it would stall the host
+// on every backward, and a CUDA graph cannot capture it). The alternatives check less: the
+// workspace's size catches only some other shapes (a larger buffer passes), and a header kept on
+// the host (a table of the forwards by workspace address, or a receipt the caller carries) says
+// what the host last enqueued there, not what the device holds when the backward runs (graph
+// replays, another forward since, memory reused). So the comparison runs on the device, in the
+// backward's first kernel (chunk_table.cu), which builds the backward's own chunk table: on a
+// mismatch it leaves that table empty, so that every later kernel computes nothing (none reads
+// the forward's workspace or writes by its chunks, which may lie outside these gradients), sets
+// the gradients to NaN, and writes what differs to a mailbox in mapped host memory
+// (cuda/device.h). The host reads the mailbox, without synchronizing, at the start of every
+// forward and backward and in gdn::cuda_check_deferred_errors(), and throws the gdn::Error there:
+// "... T is 128 in the forward that wrote it and 64 in the backward". Graph-safe (the header
+// travels as a kernel argument, the mailbox address is fixed), and it costs the backward one
+// one-block launch (a few microseconds) and 256 bytes of header. What the host can check at once
+// it does: the workspace's size, and that it is memory of the current device.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 
 #include "cuda/check.h"
+#include "cuda/device.h"
 #include "cuda/kernels.h"
 #include "cuda/stages.h"
 #include "gdn/cuda.h"
@@ -135,13 +160,47 @@ struct Carver {
   }
 };
 
+// The header of a call's workspace (the forward's, or what a backward expects there).
+cuda::WorkspaceHeader header_of(const DeltaRuleInputs& in, const cuda::Params& p, int device,
+                                bool saved) {
+  cuda::WorkspaceHeader h{};
+  int* f = h.field;
+  f[cuda::kMagic] = cuda::kHeaderMagic;
+  f[cuda::kDevice] = device;
+  f[cuda::kBatch] = p.B;
+  f[cuda::kTokens] = p.T;
+  f[cuda::kKeyHeads] = p.HK;
+  f[cuda::kValueHeads] = p.HV;
+  f[cuda::kKeyDim] = kD;
+  f[cuda::kValueDim] = kD;
+  f[cuda::kChunk] = kC;
+  f[cuda::kSequences] = p.N;
+  f[cuda::kSlots] = p.NC;
+  f[cuda::kSegments] = p.seg_count;
+  f[cuda::kSegmentLength] = p.seg_len;
+  f[cuda::kL2norm] = p.l2norm;
+  f[cuda::kInitialState] = in.initial_state.given();
+  f[cuda::kVarlen] = in.cu_seqlens.given();
+  f[cuda::kOffsets64] = p.cu_seqlens_i64;
+  f[cuda::kSaved] = saved;
+  f[cuda::kEnters] = p.enters;
+  f[cuda::kLeaves] = p.leaves;
+  f[cuda::kDtype] = in.q.dtype == DType::bf16 ? 1 : 2;
+  f[cuda::kBetaDtype] = p.beta_code;
+  static_assert(sizeof(float) == sizeof(int));
+  std::memcpy(&f[cuda::kScale], &p.scale, sizeof(float));
+  return h;
+}
+
 // Fills the params' shapes, inputs and workspace pointers; returns the bytes used in
-// `workspace`. The forward's intermediates come first (with `saved`, the per-chunk states and
-// Vn too); a backward given the forward's workspace (forward_workspace) takes them from there
-// and only its own buffers from `workspace` (the kernels that write them are then not launched).
+// `workspace`. The forward's part comes first: its header, its chunk table and its
+// intermediates (with `saved`, the per-chunk states and Vn too); a backward given the forward's
+// workspace (forward_workspace) takes them from there and only its own buffers from `workspace`
+// (the kernels that write them are then not launched), its own chunk table first, which the
+// check of the forward's header builds.
 std::size_t plan(const DeltaRuleInputs& in, const DeltaRuleShape& s, ChunkCount chunks,
                  bool backward, void* workspace, const void* forward_workspace, bool reuse,
-                 bool saved, const cuda::Carried& carried, cuda::Params& p) {
+                 bool saved, const cuda::Carried& carried, int device, cuda::Params& p) {
   const std::int64_t NC = chunks.total;
   p = cuda::Params{};
   p.B = static_cast<int>(s.B);
@@ -167,11 +226,13 @@ std::size_t plan(const DeltaRuleInputs& in, const DeltaRuleShape& s, ChunkCount 
   p.map_M = carried.map_M;
   p.map_N = carried.map_N;
   const bool summaries = p.seg_count > 1 || p.enters || p.leaves;
+  p.header = header_of(in, p, device, saved);
 
   // const_cast: with reuse, nothing writes the forward's part.
   Carver c{reuse ? const_cast<char*>(static_cast<const char*>(forward_workspace))
                  : static_cast<char*>(workspace)};
   const std::int64_t tokens = s.B * s.T, slots = NC * s.HV;
+  cuda::WorkspaceHeader* const header = c.take<cuda::WorkspaceHeader>(1);
   p.chunks = c.take<cuda::ChunkInfo>(NC);
   p.chunk_begin = c.take<int>(s.N + 1);
   p.seq_begin = c.take<int>(s.N);
@@ -195,8 +256,19 @@ std::size_t plan(const DeltaRuleInputs& in, const DeltaRuleShape& s, ChunkCount 
     p.h = c.take<bf16>(slots * kD * kD);
     p.vn = c.take<bf16>(slots * kC * kD);
   }
+  if (!reuse) p.header_out = header;
   if (!backward) return c.used;
   Carver b{static_cast<char*>(workspace), reuse ? 0 : c.used};
+  if (reuse) {
+    p.saved_header = header;
+    p.saved_chunk_begin = p.chunk_begin;
+    p.saved_seq_begin = p.seq_begin;
+    p.saved_seq_len = p.seq_len;
+    p.chunks = b.take<cuda::ChunkInfo>(NC);
+    p.chunk_begin = b.take<int>(s.N + 1);
+    p.seq_begin = b.take<int>(s.N);
+    p.seq_len = b.take<int>(s.N);
+  }
   if (summaries) {
     p.seg_dlocal = b.take<float>(matrices);
     p.seg_dstate = b.take<float>(matrices);
@@ -237,6 +309,8 @@ Call forward_call(const DeltaRuleInputs& in, const DeltaRuleOutputs* out, const 
     require_dtype("o", out->o, in.q.dtype);
     require_dtype("final_state", out->final_state, DType::f32);
   }
+  const int device = cuda::require_hopper();
+  cuda::raise_deferred_errors();
   const ChunkCount chunks = count_chunks(in, s, ctx.cu_seqlens_host);
   Call call{{},
             reinterpret_cast<cudaStream_t>(ctx.stream),
@@ -245,7 +319,8 @@ Call forward_call(const DeltaRuleInputs& in, const DeltaRuleOutputs* out, const 
   // Carving only computes pointers: nothing is read or written before the check.
   check_workspace("workspace", ctx.workspace, ctx.workspace_bytes,
                   plan(in, s, chunks, false, ctx.workspace, nullptr, false, ctx.save_for_backward,
-                       carried, call.p));
+                       carried, device, call.p));
+  call.p.deferred = cuda::deferred_errors();
   if (out) {
     call.p.o = out->o.data;
     call.p.ht = static_cast<float*>(out->final_state.data);
@@ -265,6 +340,8 @@ Call backward_call(const DeltaRuleInputs& in, const DeltaRuleGrads& gr, const Cu
   require_dtype("dg", gr.dg, DType::f32);
   require_dtype("dbeta", gr.dbeta, in.beta.dtype);
   require_dtype("dh0", gr.dh0, DType::f32);
+  const int device = cuda::require_hopper();
+  cuda::raise_deferred_errors();
   const ChunkCount chunks = count_chunks(in, s, ctx.cu_seqlens_host);
   Call call{{},
             reinterpret_cast<cudaStream_t>(ctx.stream),
@@ -277,16 +354,23 @@ Call backward_call(const DeltaRuleInputs& in, const DeltaRuleGrads& gr, const Cu
   if (call.reuse) {
     check_workspace(
         "forward_workspace", ctx.forward_workspace, ctx.forward_workspace_bytes,
-        plan(in, s, chunks, false, nullptr, nullptr, false, call.saved, carried, call.p));
+        plan(in, s, chunks, false, nullptr, nullptr, false, call.saved, carried, device, call.p));
     if (ctx.workspace == ctx.forward_workspace)
       throw Error(
           "workspace must be another buffer than forward_workspace, whose content the "
           "backward reads");
+    // The device-side check reads the header there: it must be this device's memory.
+    const int owner = cuda::device_of(ctx.forward_workspace);
+    if (owner >= 0 && owner != device)
+      throw Error("forward_workspace is memory of device " + std::to_string(owner) +
+                  ", but this backward runs on device " + std::to_string(device) +
+                  " (the current device), like its forward must have");
   }
   check_workspace("workspace", ctx.workspace, ctx.workspace_bytes,
                   plan(in, s, chunks, true, ctx.workspace, ctx.forward_workspace, call.reuse,
-                       call.saved, carried, call.p));
+                       call.saved, carried, device, call.p));
   cuda::Params& p = call.p;
+  p.deferred = cuda::deferred_errors();
   p.d_o = gr.d_o.data;
   p.dht = static_cast<const float*>(gr.d_final_state.data);
   p.dq = gr.dq.data;
@@ -324,6 +408,8 @@ void summarize_backward(const Call& c) {
   if (!c.reuse) {
     summarize_forward<In>(c);
     if (has_summaries(c.p)) cuda::launch_fold(c.p, cuda::Fold::states, c.stream);
+  } else {  // this backward's own chunk table, and the check of the forward's header
+    cuda::launch_chunk_table(c.p, c.stream);
   }
   if (!c.saved) cuda::launch_state_forward<In, cuda::Pass::recompute>(c.p, c.stream);  // h, Vn
   if (c.p.seg_count > 1 || c.p.enters)  // the gradient offsets D_k
@@ -353,17 +439,19 @@ namespace cuda {
 std::size_t forward_workspace_bytes(const DeltaRuleInputs& in, const TensorRef& cu_seqlens_host,
                                     bool save, const Carried& carried) {
   const DeltaRuleShape s = check_inputs(in, cu_seqlens_host);
+  const int device = require_hopper();
   Params p;
   return plan(in, s, count_chunks(in, s, cu_seqlens_host), false, nullptr, nullptr, false, save,
-              carried, p);
+              carried, device, p);
 }
 
 std::size_t backward_workspace_bytes(const DeltaRuleInputs& in, const TensorRef& cu_seqlens_host,
                                      bool reuse, bool save, const Carried& carried) {
   const DeltaRuleShape s = check_inputs(in, cu_seqlens_host);
+  const int device = require_hopper();
   Params p;
   return plan(in, s, count_chunks(in, s, cu_seqlens_host), true, nullptr, nullptr, reuse,
-              reuse && save, carried, p);
+              reuse && save, carried, device, p);
 }
 
 void forward_summaries(const DeltaRuleInputs& in, const CudaContext& ctx, const Carried& carried) {

@@ -4,12 +4,13 @@
 //
 // forward:  chunk_table, chunk_prep, [state_forward<summary>, fold<states>],
 //           state_forward<output or save>
-// backward: {chunk_table, chunk_prep, [state_forward<summary>, fold<states>]},
+// backward: chunk_table, {chunk_prep, [state_forward<summary>, fold<states>]},
 //           (state_forward<recompute>),
 //           [state_backward<summary>, fold<grad_states>], state_backward, grad_chunk
 // (the bracketed launches only when sequences are cut into segments, seg_count > 1, or carry
 // states across ranks; the braced ones not when the backward reads the forward's workspace, the
-// parenthesized one not when that forward ran Pass::save). Under context parallelism
+// parenthesized one not when that forward ran Pass::save; a backward reading the forward's
+// workspace builds its own chunk table, checking the forward's header). Under context parallelism
 // (cuda/context_parallel.cu) the forward stops after its summaries for the rank's map
 // (fold<map_offset, map_transfer>) and goes on once the carried state is in h0; the backward
 // likewise with fold<grad_offset> and dht.
@@ -20,7 +21,7 @@
 
 namespace gdn::cuda {
 
-// The chunk table.
+// The chunk table; the workspace header: written (header_out), or checked (saved_header).
 void launch_chunk_table(const Params& p, cudaStream_t stream);
 // Per (chunk, key head): q, k in bf16 (l2-normalized when asked) with their rsqrt factors; then,
 // looping over its value heads, G, beta, the gates, A and P per value head.

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "cuda/common.cuh"
+#include "cuda/workspace_header.h"
 
 namespace gdn::cuda {
 
@@ -87,6 +88,18 @@ struct Params {
   float* dg;         // [B, T, HV]
   void* dbeta;       // [B, T, HV]     beta_code
   float* dh0;        // [N, HV, K, V]  optional
+
+  // The forward workspace's header (delta_rule.cu says why). `header` describes this call; the
+  // chunk table kernel writes it at header_out (the first bytes of a forward's workspace), or,
+  // in a backward reading a forward's workspace, compares the header there (saved_header) and
+  // that forward's sequence table with its own, and reports a mismatch in `deferred`.
+  WorkspaceHeader header;
+  WorkspaceHeader* header_out;          // null in a backward reading a forward's workspace
+  const WorkspaceHeader* saved_header;  // that forward's, else null
+  const int* saved_chunk_begin;         // [N + 1]  that forward's table
+  const int* saved_seq_begin;           // [N]
+  const int* saved_seq_len;             // [N]
+  DeferredError* deferred;              // mapped host memory (cuda/device.h)
 };
 
 // Offsets of a token's rows.
