@@ -24,6 +24,7 @@
 // (cols[2] + cols[3])), db_i = rows[0] + rows[1] and extra = extra[0] + ... + extra[7]. Cost:
 // 1.5 KB more shared memory; each shared atomic became a load and a store of its owner (no
 // conflicts: one thread per address), the 8 atomics per warp into one extra 3 shuffles.
+#include "core/reset.h"
 #include "cuda/check.h"
 #include "cuda/kernels.h"
 #include "cuda/mma.cuh"
@@ -424,7 +425,7 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
       lo += __shfl_sync(0xffffffffu, hi, 0);
       for (int i = lane; i < len; i += 32) {
         const long long r = v_row(p, info.b, info.t0 + i, hv);
-        p.dg[r] = i < 32 ? lo : hi;
+        p.dg[r] = core::is_reset(p.g[r]) ? 0.0f : i < 32 ? lo : hi;  // core/reset.h
         store_scalar(p.dbeta, r, p.beta_code, db_rows[i] + db_rows[kC + i]);
       }
     }
