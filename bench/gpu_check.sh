@@ -16,7 +16,11 @@ for stage in $stages; do
       .device/test_cuda_l2norm 2>&1 | tail -1
       .device/test_cuda_wgmma 2>&1 | grep -E "OK|FAILED|Failure|first value|PASSED"
       .device/test_cuda_delta_rule >"$out/test.log" 2>&1
-      grep -E "errors|FAILED|Failure|PASSED" "$out/test.log" | tail -30 ;;
+      grep -E "errors|FAILED|Failure|PASSED" "$out/test.log" | tail -30
+      for t in test_cuda_determinism test_cuda_guards; do
+        .device/$t >"$out/$t.log" 2>&1
+        grep -E "FAILED|Failure|PASSED" "$out/$t.log" | tail -12
+      done ;;
     cp)  # context parallelism on virtual ranks, the device communicators, the CLI lines
       .device/test_comm_gpu 2>&1 | grep -E "OK|FAILED|PASSED"
       [ -x .device/test_comm_nccl ] && .device/test_comm_nccl 2>&1 | grep -E "OK \]|SKIPPED \]|FAILED|PASSED"

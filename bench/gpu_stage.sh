@@ -6,7 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="/usr/local/cuda/bin:$PATH"
 cmake -S . -B build-gpu -G Ninja -DGDN_NATIVE=OFF -DGDN_MPI=OFF -DGDN_BUILD_BENCH=ON >/dev/null
-tests="test_cuda_delta_rule test_cuda_l2norm test_cuda_wgmma test_cuda_cp test_comm_gpu"
+tests="test_cuda_delta_rule test_cuda_l2norm test_cuda_wgmma test_cuda_cp test_comm_gpu
+  test_cuda_determinism test_cuda_guards"
 [ -f build-gpu/build.ninja ] && grep -q "^build tests/test_comm_nccl" build-gpu/build.ninja &&
   tests="$tests test_comm_nccl"
 ninja -C build-gpu gdn $tests bench_cuda bench_cuda_cp
