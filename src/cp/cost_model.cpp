@@ -1,58 +1,76 @@
 #include "cp/cost_model.h"
 
+#include <omp.h>
+
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
 namespace gdn::cp {
 namespace {
 
-// Measured on the 2-core CI machine kind with bench/bench_cp (bench/RESULTS.md, "CP cost model").
-constexpr double kForwardSecondsPerTokenHead = 6.3e-6;  // t per token and value head, one core
-constexpr double kSummaryRatio = 0.86;                  // s: summary (M, N) / local forward
-constexpr double kMessageSeconds = 12e-6;               // a: one in-process message
-constexpr double kBytesPerSecond = 1.9e9;               // b: in-process, 8 MiB messages
-constexpr double kComposeSecondsPerHead = 0.24e-3;      // c: one (M, N) composition, K = V = 128
+// Measured on the 2-core CI machine kind with bench/bench_cp (bench/RESULTS.md, "CP cost model"),
+// medians of repeated runs: t from the forward's CPU time, the ratios from the passes' CPU times.
+constexpr double kForwardSecondsPerTokenHead = 4.7e-6;  // t per token and value head, one core
+constexpr double kBackwardRatio = 2.08;                 // t_b / t
+constexpr double kSummaryRatio = 1.97;                  // s: summary (M, N) / local forward
+constexpr double kFirstSummaryRatio = 0.77;             // s_N: summary N alone / local forward
+constexpr double kGPassRatio = 0.39;                    // g: G pass / local backward
+constexpr double kMessageSeconds = 8.3e-6;              // a: one in-process message
+constexpr double kBytesPerSecond = 4.1e9;               // b: in-process, 8 MiB messages
+constexpr double kComposeSecondsPerHead = 0.105e-3;     // c: one (M, N) composition, K = V = 128
+constexpr double kRelayoutSecondsPerByte = 3.2e-9;      // u: Ulysses' re-layout, one thread
 
-double local_forward_seconds(const ShardPlan& plan) {
+double local_forward_seconds(const ShardPlan& plan, int threads) {
   const DeltaRuleShape& s = plan.shape;
   const double size = static_cast<double>(s.K * s.V) / (128.0 * 128.0);
-  return kForwardSecondsPerTokenHead * size * static_cast<double>(s.B * s.T * s.HV);
+  return kForwardSecondsPerTokenHead * size * static_cast<double>(s.B * s.T * s.HV) / threads;
 }
 
 }  // namespace
 
-double predicted_seconds(Strategy strategy, const ShardPlan& plan) {
+double predicted_seconds(Strategy strategy, const ShardPlan& plan, bool training, int threads) {
   const DeltaRuleShape& s = plan.shape;
-  const double P = plan.ranks, t = local_forward_seconds(plan), a = kMessageSeconds;
+  if (threads <= 0) threads = std::max(1, omp_get_max_threads());
+  const double P = plan.ranks, t = local_forward_seconds(plan, threads), a = kMessageSeconds;
+  const double t_b = kBackwardRatio * t;
+  if (plan.ranks == 1) return training ? t + t_b : t;
   const double state = static_cast<double>(plan.carried_size()) * sizeof(float);
   const double matrices = state * static_cast<double>(s.K) / static_cast<double>(s.V);
   const double compose = kComposeSecondsPerHead * static_cast<double>(plan.chains * s.HV) *
                          std::pow(static_cast<double>(s.K) / 128.0, 3);
-  const double rounds = std::ceil(std::log2(P));
-  const double b = kBytesPerSecond, summary = (1 + kSummaryRatio) * t;
-  if (plan.ranks == 1) return t;
+  const double rounds = std::ceil(std::log2(P)), b = kBytesPerSecond;
+  // The state's way through the ranks once every rank has its map.
+  double passage = 0;
   switch (strategy) {
     case Strategy::relay:
-      return P * t;
+      return training ? P * (t + t_b) : P * t;
     case Strategy::summary_chain:
-      return summary + (P - 1) * (a + state / b);
+      passage = (P - 1) * (a + state / b);
+      break;
     case Strategy::summary_allgather:
-      return summary + a + (P - 1) * ((state + matrices) / b + compose);
+      passage = a + (P - 1) * ((state + matrices) / b + compose);
+      break;
     case Strategy::scan:
-      return summary + (rounds + 1) * a + rounds * ((state + matrices) / b + compose) + state / b;
+      passage = (rounds + 1) * a + rounds * ((state + matrices) / b + compose) + state / b;
+      break;
     case Strategy::ulysses: {
       if (s.HK % plan.ranks != 0 || s.HV % plan.ranks != 0)
         return std::numeric_limits<double>::infinity();
-      // q, k, v, g, beta in f32 out and o back, (P - 1) / P of the shard each way.
-      const double token_bytes =
-          4.0 * static_cast<double>(2 * s.HK * s.K + 2 * s.HV * s.V + 2 * s.HV);
-      const double exchanged = token_bytes * static_cast<double>(s.B * s.T) * (P - 1) / P;
-      return t + 2 * a + exchanged / b;
+      // Bytes per token of q, k, v, g, beta (the inputs) and of o, all in f32.
+      const double tokens = static_cast<double>(s.B * s.T);
+      const double inputs = 4.0 * static_cast<double>(2 * s.HK * s.K + s.HV * s.V + 2 * s.HV);
+      const double o = 4.0 * static_cast<double>(s.HV * s.V);
+      const double forward = t + 2 * a + kRelayoutSecondsPerByte * tokens * (inputs + o);
+      if (!training) return forward;
+      return forward + t_b + 2 * a + kRelayoutSecondsPerByte * tokens * (2 * inputs + o);
     }
     case Strategy::automatic:
-      break;
+      return std::numeric_limits<double>::infinity();
   }
-  return std::numeric_limits<double>::infinity();
+  const double summary = plan.ranks == 2 ? kFirstSummaryRatio : kSummaryRatio;
+  const double forward = (1 + summary) * t + passage;
+  return training ? forward + (1 + kGPassRatio) * t_b + passage : forward;
 }
 
 namespace {
@@ -139,9 +157,9 @@ double single_gpu_seconds(const ShardPlan& plan, bool training) {
   return (training ? kSingleTraining : kSingleForward).seconds(n);
 }
 
-Strategy choose_strategy(const ShardPlan& plan, Memory memory) {
+Strategy choose_strategy(const ShardPlan& plan, Memory memory, int threads) {
   const auto predicted = [&](Strategy s) {
-    return memory == Memory::host ? predicted_seconds(s, plan)
+    return memory == Memory::host ? predicted_seconds(s, plan, true, threads)
                                   : predicted_gpu_seconds(s, plan, false);
   };
   Strategy best = Strategy::relay;

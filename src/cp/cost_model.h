@@ -1,14 +1,23 @@
 #pragma once
-// The `automatic` strategy: the one with the shortest predicted forward critical path (spec 5),
-// from constants measured on the CPU (bench/bench_cp) and on the H200 (bench/bench_cuda_cp),
-// recorded in bench/RESULTS.md ("CP cost model").
+// The `automatic` strategy: the one with the shortest predicted critical path (spec 5), from
+// constants measured on the CPU (bench/bench_cp) and on the H200 (bench/bench_cuda_cp), recorded
+// in bench/RESULTS.md ("CP cost model").
 //
-// CPU, t the local forward of T/P tokens, s the summary's cost relative to it:
-//   relay              P t
-//   summary-chain      (1 + s) t + (P - 1) (a + S / b)
-//   summary-allgather  (1 + s) t + a + (P - 1) (S + M) / b + (P - 1) c
-//   scan               (1 + s) t + (ceil(log2 P) + 1) a + ceil(log2 P) ((S + M) / b + c) + S / b
-//   ulysses            t + 2 (a + X / b)       (only when HK and HV are divisible by P)
+// CPU, a training step (the strategy the forward picks is the one its backward runs): t and t_b
+// the local forward and backward of T/P tokens on the rank's threads; s' the summary a rank
+// computes before the state can pass it, relative to t: the first rank's N alone (s_N) when
+// P = 2, a middle rank's M and N (s) beyond; g the G pass relative to t_b; h = a + S / b one hop:
+//   relay              P t                                       + P t_b
+//   summary-chain      (1 + s') t + (P - 1) h                    + (1 + g) t_b + (P - 1) h
+//   summary-allgather  (1 + s') t + a + (P - 1) ((S + M) / b + c)  + the same with (1 + g) t_b
+//   scan               (1 + s') t + (ceil(log2 P) + 1) a + ceil(log2 P) ((S + M) / b + c) + S / b
+//                      + the same with (1 + g) t_b
+//   ulysses            t + 2 a + u X_f                           + t_b + 2 a + u X_b
+// Ulysses re-lays out the rank's shard through fresh buffers on one thread, u seconds per byte:
+// X_f = q, k, v, g, beta and o; X_b = those inputs again, dO, and their five gradients (only
+// when HK and HV are divisible by P). The forward alone would favor the relay from P = 3 on
+// (the summary costs twice the forward on the CPU, the G pass under half the backward), where a
+// training step loses 20-30% with it.
 //
 // GPU, a rank's work cut where the entering state arrives (cuda/stages.h): `before` (chunk prep,
 // summaries, the map) runs on every rank at once, `after` (the output passes) once the state is
@@ -21,22 +30,25 @@
 // and the same again for the backward (its own before and after) in a training step.
 //
 // a: one message's latency, b: bandwidth, S and M: the bytes of the carried states and of their
-// K x K matrices, c: one composition, X: the bytes a rank's shard sends in one all-to-all.
+// K x K matrices, c: one composition, X: the bytes a rank's shard sends in one all-to-all (GPU).
 
 #include "cp/shard.h"
 #include "gdn/context_parallel.h"
 
 namespace gdn::cp {
 
-// CPU, forward.
-double predicted_seconds(Strategy strategy, const ShardPlan& plan);
+// CPU: the forward, or forward + backward (training), each rank running the op on `threads`
+// OpenMP threads (0: omp_get_max_threads() of the caller, the threads the op itself will use).
+double predicted_seconds(Strategy strategy, const ShardPlan& plan, bool training = false,
+                         int threads = 0);
 // GPU (H200, NVLink): the forward (inference), or forward + backward (training: the forward
 // keeps its states for the backward).
 double predicted_gpu_seconds(Strategy strategy, const ShardPlan& plan, bool training);
 // The single-GPU op on all P shards' tokens.
 double single_gpu_seconds(const ShardPlan& plan, bool training);
 
-// By the forward's prediction on the host's or the device's constants.
-Strategy choose_strategy(const ShardPlan& plan, Memory memory = Memory::host);
+// On the host by a training step's prediction (`threads` as for predicted_seconds), on the device
+// by the forward's.
+Strategy choose_strategy(const ShardPlan& plan, Memory memory = Memory::host, int threads = 0);
 
 }  // namespace gdn::cp
