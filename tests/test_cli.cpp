@@ -6,15 +6,18 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <set>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
 
 #include "gdn/delta_rule.h"
 #include "gdn/layer.h"
@@ -45,11 +48,12 @@ class Cli : public ::testing::Test {
 
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
 
-  // Runs the built tool (GDN_CLI, from CMake) with `args`, paths in them quoted.
-  Exit gdn(const std::string& args) const {
+  // Runs the built tool (GDN_CLI, from CMake) with `args`, paths in them quoted; `env` is
+  // prepended (VAR=value ...).
+  Exit gdn(const std::string& args, const std::string& env = "") const {
     const std::string err = path("stderr.txt"), out = path("stdout.txt");
     const int raw = std::system(
-        (std::string("'") + GDN_CLI + "' " + args + " > '" + out + "' 2> '" + err + "'").c_str());
+        (env + " '" + GDN_CLI + "' " + args + " > '" + out + "' 2> '" + err + "'").c_str());
     const auto text = [](const std::string& file) {
       std::ifstream f(file);
       return std::string{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
@@ -420,6 +424,127 @@ TEST_F(Cli, RunLayerChecksItsSingleRankAndRejectsWhatItCannotHonor) {
     expect_failure(gdn(shape + " " + option),
                    {fmt::format("gdn run --layer: {} is not supported", option)});
   }
+}
+
+// gdn run --json: stdout is one JSON document (the problem, the single-rank pass, every
+// strategy's row with its verdict, auto's pick, the float64 check); progress, asked for every
+// step with GDN_PROGRESS_MS=0, goes to stderr only.
+TEST_F(Cli, RunJsonIsOneDocumentAndProgressGoesToStderr) {
+  const Exit e = gdn(
+      "run --json -T 96 --heads-k 2 --heads-v 4 --dim-k 32 --dim-v 16 --initial-state --ranks 3 "
+      "--strategy all",
+      "GDN_PROGRESS_MS=0");
+  ASSERT_EQ(e.status, 0) << e.message;
+  nlohmann::json doc;
+  ASSERT_NO_THROW(doc = nlohmann::json::parse(e.output)) << e.output;  // the whole of stdout
+  EXPECT_EQ(doc.at("command"), "run");
+  EXPECT_EQ(doc.at("device"), "cpu");
+  EXPECT_EQ(doc.at("ok"), true);
+  const nlohmann::json& p = doc.at("problem");
+  EXPECT_EQ(p.at("T"), 96);
+  EXPECT_EQ(p.at("HK"), 2);
+  EXPECT_EQ(p.at("HV"), 4);
+  EXPECT_EQ(p.at("K"), 32);
+  EXPECT_EQ(p.at("V"), 16);
+  EXPECT_EQ(p.at("dtype"), "f32");
+  EXPECT_EQ(p.at("initial_state"), true);
+  for (const char* pass : {"forward", "backward", "forward_backward"})
+    EXPECT_GT(doc.at("single_rank").at(pass).at("ms").get<double>(), 0) << pass;
+
+  const nlohmann::json& cp = doc.at("context_parallel");
+  EXPECT_EQ(cp.at("ranks"), 3);
+  EXPECT_EQ(cp.at("requested"), "all");
+  const double tolerance = cp.at("tolerance");
+  EXPECT_EQ(tolerance, 1e-4);
+  std::vector<std::string> names;
+  for (const nlohmann::json& row : cp.at("rows")) {
+    names.push_back(row.at("strategy"));
+    SCOPED_TRACE(names.back());
+    EXPECT_EQ(row.at("ranks"), 3);
+    if (names.back() == "ulysses") {  // HK = 2 does not divide over 3 ranks
+      EXPECT_EQ(row.at("skipped"), "needs HK and HV divisible by 3");
+      continue;
+    }
+    EXPECT_GT(row.at("forward_ms").get<double>(), 0);
+    EXPECT_GE(row.at("forward_backward_ms").get<double>(), row.at("forward_ms").get<double>());
+    EXPECT_GT(row.at("tokens_per_s").get<double>(), 0);
+    EXPECT_GT(row.at("sent_per_rank_bytes").get<double>(), 0);
+    EXPECT_LT(row.at("error").get<double>(), tolerance);
+    EXPECT_EQ(row.at("ok"), true);
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"relay", "summary-chain", "summary-allgather", "scan",
+                                             "ulysses"}));
+  const std::string automatic = cp.at("auto");
+  EXPECT_NE(std::find(names.begin(), names.end(), automatic), names.end()) << automatic;
+
+  const nlohmann::json& check = doc.at("check");
+  std::set<std::string> checked;
+  for (const auto& [name, error] : check.at("errors").items()) {
+    checked.insert(name);
+    EXPECT_LT(error.get<double>(), 1e-4) << name;
+  }
+  EXPECT_EQ(checked,
+            (std::set<std::string>{"o", "final_state", "dq", "dk", "dv", "dg", "dbeta", "dh0"}));
+  EXPECT_EQ(check.at("ok"), true);
+
+  // Progress on stderr, one line per step, none of it on stdout.
+  for (const char* step :
+       {"gdn: generating the problem...\n", "gdn: running forward and backward on one rank...\n",
+        "gdn: running strategy relay on 3 ranks...\n", "gdn: running strategy scan on 3 ranks...\n",
+        "gdn: checking key head 0 against the float64 recurrence...\n"}) {
+    EXPECT_NE(e.message.find(step), std::string::npos) << e.message << " lacks " << step;
+    EXPECT_EQ(e.output.find(step), std::string::npos) << step;
+  }
+  EXPECT_EQ(e.message.find("ulysses"), std::string::npos) << e.message;  // skipped, not run
+}
+
+// The auto row names the strategy it ran, which is the one the document says auto picks; the
+// text says it too. Short steps print no progress by default.
+TEST_F(Cli, RunAutoSaysWhichStrategyItRan) {
+  const std::string args = "run -T 128 --heads-k 2 --heads-v 4 --dim-k 32 --dim-v 16 --ranks 2";
+  const Exit json = gdn(args + " --json");
+  ASSERT_EQ(json.status, 0) << json.message;
+  EXPECT_EQ(json.message, "");  // every step is far shorter than the default 2 s
+  const nlohmann::json doc = nlohmann::json::parse(json.output);
+  const nlohmann::json& cp = doc.at("context_parallel");
+  ASSERT_EQ(cp.at("rows").size(), 1u);
+  const nlohmann::json& row = cp.at("rows")[0];
+  EXPECT_EQ(row.at("requested"), "auto");
+  EXPECT_EQ(row.at("strategy"), cp.at("auto"));
+  EXPECT_EQ(row.at("ok"), true);
+
+  const Exit text = gdn(args, "GDN_PROGRESS_MS=0");
+  ASSERT_EQ(text.status, 0) << text.message;
+  const std::string chosen = fmt::format("auto: {}", cp.at("auto").get<std::string>());
+  EXPECT_NE(text.output.find(chosen), std::string::npos) << text.output << " lacks " << chosen;
+  EXPECT_NE(text.message.find("gdn: running strategy auto on 2 ranks...\n"), std::string::npos)
+      << text.message;
+  EXPECT_EQ(text.output.find("gdn: running"), std::string::npos) << text.output;
+}
+
+// gdn run --layer --json: the layer's problem, rows and check; a failed run (here: none) would
+// say "ok": false.
+TEST_F(Cli, RunLayerJson) {
+  const Exit e =
+      gdn("run --layer --json -T 64 --hidden 32 --heads-k 2 --heads-v 4 --dim-k 16 --dim-v 8 "
+          "--ranks 2 --strategy all");
+  ASSERT_EQ(e.status, 0) << e.message;
+  const nlohmann::json doc = nlohmann::json::parse(e.output);
+  EXPECT_EQ(doc.at("command"), "run --layer");
+  EXPECT_EQ(doc.at("problem").at("hidden"), 32);
+  EXPECT_GT(doc.at("single_rank").at("forward_backward").at("ms").get<double>(), 0);
+  const nlohmann::json& rows = doc.at("context_parallel").at("rows");
+  EXPECT_EQ(rows.size(), 5u);
+  for (const nlohmann::json& row : rows) {
+    SCOPED_TRACE(row.dump());
+    EXPECT_EQ(row.at("ranks"), 2);
+    EXPECT_EQ(row.at("ok"), true);
+    EXPECT_LT(row.at("error").get<double>(), 1e-4);
+  }
+  EXPECT_EQ(doc.at("check").at("against"), "the layer's float64 recurrence");
+  EXPECT_TRUE(doc.at("check").at("errors").contains("grad.in_proj_qkv.weight"));
+  EXPECT_EQ(doc.at("check").at("ok"), true);
+  EXPECT_EQ(doc.at("ok"), true);
 }
 
 }  // namespace

@@ -108,6 +108,7 @@ struct RunOptions {
   bool ranks_given = false, strategy_given = false;   // on the command line
   bool layer = false;          // the whole layer with random weights instead of the op
   std::int64_t hidden = 4096;  // the layer's hidden size
+  bool json = false;           // one JSON document on stdout instead of the text
 };
 void add_run_options(CLI::App& command, RunOptions& options);
 int run(const RunOptions& options);
@@ -143,7 +144,9 @@ int layer(const LayerCommandOptions& options);
 // memory: checked before the allocations, so a huge size is an error, not std::bad_alloc.
 void require_memory(const std::string& what, double bytes);
 
+class Report;
+
 // gdn run --layer: times the layer single-rank and (with ranks or mpirun) per strategy.
-bool run_layer_job(const RunOptions& options, Communicator* world);
+bool run_layer_job(const RunOptions& options, Communicator* world, Report& report);
 
 }  // namespace gdn::app

@@ -6,6 +6,9 @@
 #include <string>
 #include <vector>
 
+#include "cp/cost_model.h"
+#include "cp/shard.h"
+
 namespace gdn::app {
 namespace {
 
@@ -76,6 +79,16 @@ ProblemResults run_context_parallel(Communicator& comm, const ProblemData& data,
   stats = {slowest(comm, forward), slowest(comm, total),
            static_cast<std::size_t>(slowest(comm, sent)), op.strategy()};
   return gather(comm, data, mine);
+}
+
+Strategy automatic_choice(const Problem& problem, int ranks, Memory memory, int threads) {
+  const std::int64_t N = problem.sequences();
+  cp::ShardPlan plan;
+  plan.ranks = ranks;
+  plan.shape = {problem.B, problem.T / ranks, problem.HK, problem.HV, problem.K, problem.V, N};
+  plan.global_sequences = N;
+  plan.chains = problem.seqlens.empty() ? problem.B : 1;
+  return cp::choose_strategy(plan, memory, threads);
 }
 
 bool launched_by_mpirun() {

@@ -28,6 +28,11 @@ double slowest(Communicator& comm, double value);
 // Every rank's [B, T / P, ...] shard, in rank order along T (every rank gets the whole).
 HostTensor gather_tokens(Communicator& comm, const HostTensor& part, std::int64_t T);
 
+// The strategy `auto` picks (the cost model, cp/cost_model.h) for `ranks` shards of the problem
+// along T, on host or device memory, each rank's op on `threads` OpenMP threads: what the auto
+// row runs, said also with --strategy all.
+Strategy automatic_choice(const Problem& problem, int ranks, Memory memory, int threads);
+
 // True when this process was started by mpirun with more than one process.
 bool launched_by_mpirun();
 

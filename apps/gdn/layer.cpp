@@ -16,6 +16,7 @@
 #include "gdn/error.h"
 #include "gdn/layer_weights.h"
 #include "gdn/safetensors.h"
+#include "report.h"
 
 namespace gdn::app {
 namespace {
@@ -143,10 +144,11 @@ void reject_layer_run_options(const RunOptions& options) {
 // The single-rank layer against its float64 recurrence (LayerOptions::method = recurrent, the
 // weights in f64) on batch 0's first tokens: the layer is causal, so the prefix is a problem of
 // its own. The output is the timed run's; the gradients come from an f32 run on the prefix (the
-// timed run's depend on d_out past it). Prints the errors; true when within 1e-4.
+// timed run's depend on d_out past it). Reports the errors; true when within 1e-4.
 bool check_layer_single_rank(const LayerConfig& config, const LayerWeights& weights,
                              const HostTensor& x, const HostTensor& d_out, const LayerRun& timed,
-                             int chunk_size) {
+                             int chunk_size, Report& report) {
+  const Progress progress(report, "checking the layer against its float64 recurrence");
   const std::int64_t T = x.shape[1];
   const std::int64_t tokens =
       std::min(T, std::max<std::int64_t>(128, 2 * std::min<std::int64_t>(chunk_size, T)));
@@ -169,17 +171,27 @@ bool check_layer_single_rank(const LayerConfig& config, const LayerWeights& weig
   for_each_parameter(grads, [&](const char* name, HostTensor& g) {
     checks.emplace_back(fmt::format("grad.{}", name), error(g, *refs[i++]));
   });
-  fmt::print(
+  report.text(
       "\nrelative error of the single rank against the layer's float64 recurrence, batch 0, "
       "tokens 0-{} (gradients: an f32 run on those tokens):\n",
       tokens - 1);
   double max_error = 0;
+  nlohmann::ordered_json errors = nlohmann::ordered_json::object();
   for (const auto& [name, e] : checks) {
-    fmt::print("  {:<26}{:.2e}\n", name, e);
+    report.text("  {:<26}{:.2e}\n", name, e);
+    errors[name] = e;
     if (std::isnan(e) || e > max_error) max_error = e;  // NaN sticks and fails
   }
   const bool ok = max_error <= 1e-4;
-  fmt::print("  {:<26}{:.2e}  (tolerance 1e-04: {})\n", "max", max_error, ok ? "ok" : "FAILED");
+  report.text("  {:<26}{:.2e}  (tolerance 1e-04: {})\n", "max", max_error, ok ? "ok" : "FAILED");
+  report.doc()["check"] = {{"against", "the layer's float64 recurrence"},
+                           {"batch", 0},
+                           {"tokens", {0, tokens - 1}},
+                           {"gradients_from", "an f32 run on those tokens"},
+                           {"errors", std::move(errors)},
+                           {"max_error", max_error},
+                           {"tolerance", 1e-4},
+                           {"ok", ok}};
   return ok;
 }
 
@@ -253,7 +265,7 @@ int layer(const LayerCommandOptions& options) {
   return 0;
 }
 
-bool run_layer_job(const RunOptions& options, Communicator* world) {
+bool run_layer_job(const RunOptions& options, Communicator* world, Report& report) {
   reject_layer_run_options(options);
   const Problem& p = options.problem;
   const LayerOptions layer_options{.chunk_size = p.chunk_size};
@@ -277,35 +289,67 @@ bool run_layer_job(const RunOptions& options, Communicator* world) {
   std::normal_distribution<float> normal(0.f, 1.f);
   for (std::int64_t i = 0; i < x.numel(); ++i) x.as<float>()[i] = normal(rng);
   for (std::int64_t i = 0; i < d_out.numel(); ++i) d_out.as<float>()[i] = normal(rng);
-  const bool printer = !world || world->rank() == 0;
   const double tokens = static_cast<double>(p.B * p.T);
-  if (printer)
-    fmt::print(
-        "gdn run --layer: B={} T={} hidden={} HK={} HV={} K={} V={} conv 4, f32, chunk {}, "
-        "random weights (seed {})\n\n{:<26}{:>10}{:>14}{:>14}{:>13}\n",
-        p.B, p.T, options.hidden, p.HK, p.HV, p.K, p.V, p.chunk_size, p.seed, "layer", "fwd (ms)",
-        "fwd+bwd (ms)", "tokens/s", "error");
+  report.text(
+      "gdn run --layer: B={} T={} hidden={} HK={} HV={} K={} V={} conv 4, f32, chunk {}, "
+      "random weights (seed {})\n\n{:<26}{:>10}{:>14}{:>14}{:>13}\n",
+      p.B, p.T, options.hidden, p.HK, p.HV, p.K, p.V, p.chunk_size, p.seed, "layer", "fwd (ms)",
+      "fwd+bwd (ms)", "tokens/s", "error");
+  report.doc()["problem"] = {{"B", p.B},
+                             {"T", p.T},
+                             {"hidden", options.hidden},
+                             {"HK", p.HK},
+                             {"HV", p.HV},
+                             {"K", p.K},
+                             {"V", p.V},
+                             {"conv", 4},
+                             {"dtype", "f32"},
+                             {"chunk", p.chunk_size},
+                             {"weights", "random"},
+                             {"seed", p.seed}};
   // Under mpirun every rank runs the single-rank pass too: no rank may wait in a collective call
   // while another works alone.
-  const LayerRun single = run_layer(nullptr, {}, config, weights, x, {}, d_out, layer_options);
-  if (printer) {
-    fmt::print("{:<26}{:>10.1f}{:>14.1f}{:>14.0f}{:>13}\n", "single rank",
-               single.forward_seconds * 1e3, single.total_seconds * 1e3,
-               tokens / single.total_seconds, "-");
+  LayerRun single;
+  {
+    const Progress progress(report, "running the layer forward and backward on one rank");
+    single = run_layer(nullptr, {}, config, weights, x, {}, d_out, layer_options);
   }
+  report.text("{:<26}{:>10.1f}{:>14.1f}{:>14.0f}{:>13}\n", "single rank",
+              single.forward_seconds * 1e3, single.total_seconds * 1e3,
+              tokens / single.total_seconds, "-");
+  report.doc()["single_rank"] = {
+      {"forward",
+       {{"ms", single.forward_seconds * 1e3}, {"tokens_per_s", tokens / single.forward_seconds}}},
+      {"forward_backward",
+       {{"ms", single.total_seconds * 1e3}, {"tokens_per_s", tokens / single.total_seconds}}}};
   // Each strategy against the single-rank results; then, after the last collective call, rank 0
   // checks the single rank against the float64 recurrence.
   std::vector<Strategy> strategies = options.strategy == "all"
                                          ? all_strategies()
                                          : std::vector<Strategy>{parse_strategy(options.strategy)};
   if (!world && options.ranks == 1) strategies.clear();
+  const int ranks = world ? world->size() : options.ranks;
+  // The layer's op runs on shards of the same shape: auto's pick is the model's for the problem.
+  const Strategy automatic = automatic_choice(
+      p, ranks, Memory::host, world ? options.threads : std::max(1, options.threads / ranks));
+  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
   bool ok = true;
   for (Strategy s : strategies) {
-    const int ranks = world ? world->size() : options.ranks;
-    if (s == Strategy::ulysses && (p.HK % ranks != 0 || p.HV % ranks != 0)) continue;
-    LayerRun cp = run_anywhere(options.ranks, options.threads, Timeout(options.timeout_ms), {s},
-                               config, weights, x, {}, d_out, world, layer_options);
-    if (!printer) continue;
+    if (s == Strategy::ulysses && (p.HK % ranks != 0 || p.HV % ranks != 0)) {
+      report.text("{:<26}(needs HK and HV divisible by {})\n", "ulysses", ranks);
+      rows.push_back({{"strategy", "ulysses"},
+                      {"ranks", ranks},
+                      {"skipped", fmt::format("needs HK and HV divisible by {}", ranks)}});
+      continue;
+    }
+    LayerRun cp;
+    {
+      const Progress progress(report, fmt::format("running the layer with strategy {} on {} ranks",
+                                                  strategy_name(s), ranks));
+      cp = run_anywhere(options.ranks, options.threads, Timeout(options.timeout_ms), {s}, config,
+                        weights, x, {}, d_out, world, layer_options);
+    }
+    if (!report.printer()) continue;
     double error = std::max(relative_error(cp.out.ref(), single.out.ref()),
                             relative_error(cp.dx.ref(), single.dx.ref()));
     LayerParams a = view(cp.grads), b = view(single.grads);
@@ -315,11 +359,34 @@ bool run_layer_job(const RunOptions& options, Communicator* world) {
     for (std::size_t i = 0; i < mine.size(); ++i)
       error = std::max(error, relative_error(mine[i], theirs[i]));
     ok = ok && error <= 1e-4;
-    fmt::print("{:<26}{:>10.1f}{:>14.1f}{:>14.0f}{:>13.2e}\n",
-               fmt::format("{} x {}", strategy_name(s), ranks), cp.forward_seconds * 1e3,
-               cp.total_seconds * 1e3, tokens / cp.total_seconds, error);
+    const Strategy used = s == Strategy::automatic ? automatic : s;
+    report.text("{:<26}{:>10.1f}{:>14.1f}{:>14.0f}{:>13.2e}\n",
+                fmt::format("{}{} x {}", s == Strategy::automatic ? "auto: " : "",
+                            strategy_name(used), ranks),
+                cp.forward_seconds * 1e3, cp.total_seconds * 1e3, tokens / cp.total_seconds, error);
+    nlohmann::ordered_json row = {{"strategy", strategy_name(used)},
+                                  {"ranks", ranks},
+                                  {"forward_ms", cp.forward_seconds * 1e3},
+                                  {"forward_backward_ms", cp.total_seconds * 1e3},
+                                  {"tokens_per_s", tokens / cp.total_seconds},
+                                  {"error", error},
+                                  {"ok", error <= 1e-4}};
+    if (s == Strategy::automatic) row["requested"] = "auto";
+    rows.push_back(std::move(row));
   }
-  if (printer) ok = check_layer_single_rank(config, weights, x, d_out, single, p.chunk_size) && ok;
+  if (!strategies.empty()) {
+    if (options.strategy == "all")
+      report.text("auto (the cost model) picks {} here\n", strategy_name(automatic));
+    report.doc()["context_parallel"] = {{"ranks", ranks},
+                                        {"on", world ? "MPI processes" : "in-process ranks"},
+                                        {"requested", options.strategy},
+                                        {"auto", strategy_name(automatic)},
+                                        {"reference", "the single-rank results"},
+                                        {"tolerance", 1e-4},
+                                        {"rows", std::move(rows)}};
+  }
+  if (report.printer())
+    ok = check_layer_single_rank(config, weights, x, d_out, single, p.chunk_size, report) && ok;
   return ok;
 }
 

@@ -20,6 +20,7 @@
 #include "context_parallel_job.h"
 #include "cuda_job.h"
 #include "gdn/error.h"
+#include "report.h"
 
 namespace gdn::app {
 namespace {
@@ -178,13 +179,20 @@ void add_run_options(CLI::App& command, RunOptions& options) {
                    "errors");
   command.add_option("--hidden", options.hidden, "The layer's hidden size (with --layer)")
       ->check(kPositive);
+  command.add_flag("--json", options.json,
+                   "Print one JSON document on stdout instead of the text: the problem, the "
+                   "single-rank pass, each strategy's row (strategy, ranks, times, bytes, error, "
+                   "verdict), the strategy auto picks, the checks against the float64 "
+                   "recurrence and \"ok\"");
   command.footer(
       "Times one forward and one backward call of the chunked path, then checks outputs, final "
       "state and gradients of key head 0 against the float64 recurrence. GFLOP/s counts forward "
       "FLOPs x3 for backward. Exits 1 when the largest relative error exceeds 1e-4 (f32) or 2e-2 "
       "(bf16, f16). Then (unless --ranks 1) it runs the context-parallel strategy (or all of them) "
       "on shards of the same problem and prints their times, the bytes each rank sent and the "
-      "error against the single-rank result.");
+      "error against the single-rank result, and which strategy auto picks (the cost model). "
+      "Steps still running after 2 s say so on stderr (the environment's GDN_PROGRESS_MS sets the "
+      "delay; 0: every step).");
 }
 
 namespace {
@@ -194,46 +202,77 @@ namespace {
 using StrategyRun = std::function<void(Strategy, CpStats&, ProblemResults&)>;
 
 // Each strategy over the ranks, against the single-rank results; true when all are within
-// tolerance. Under mpirun only rank 0 prints.
+// tolerance. Under mpirun only rank 0 prints. With --strategy all, says which one auto picks.
 bool run_strategies(const RunOptions& options, Communicator* world, const ProblemResults& single,
-                    double tolerance, const std::string& where, const StrategyRun& run_one) {
+                    double tolerance, const std::string& where, Memory memory,
+                    const StrategyRun& run_one, Report& report) {
   std::vector<Strategy> strategies;
   if (options.strategy == "all")
     strategies = all_strategies();
   else
     strategies = {parse_strategy(options.strategy)};
-  const bool mpi = world != nullptr;
-  const int ranks = mpi ? world->size() : options.ranks;
-  const bool printer = !mpi || world->rank() == 0;
+  const int ranks = world ? world->size() : options.ranks;
   const double tokens = static_cast<double>(options.problem.B * options.problem.T);
-  if (printer)
-    fmt::print("\ncontext parallel over {} {}:\n{:<19}{:>10}{:>14}{:>14}{:>14}{:>13}\n", ranks,
-               where, "strategy", "fwd (ms)", "fwd+bwd (ms)", "tokens/s", "sent/rank MB", "error");
+  // In-process ranks share the threads (cpu_strategy_run); mpirun's processes have them each.
+  const int threads = world ? options.threads : std::max(1, options.threads / ranks);
+  const Strategy automatic = automatic_choice(options.problem, ranks, memory, threads);
+  report.text("\ncontext parallel over {} {}:\n{:<19}{:>10}{:>14}{:>14}{:>14}{:>13}\n", ranks,
+              where, "strategy", "fwd (ms)", "fwd+bwd (ms)", "tokens/s", "sent/rank MB", "error");
+  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
   bool ok = true;
   for (Strategy strategy : strategies) {
     if (strategy == Strategy::ulysses &&
         (options.problem.HK % ranks != 0 || options.problem.HV % ranks != 0)) {
-      if (printer) fmt::print("{:<19}(needs HK and HV divisible by {})\n", "ulysses", ranks);
+      report.text("{:<19}(needs HK and HV divisible by {})\n", "ulysses", ranks);
+      rows.push_back({{"strategy", "ulysses"},
+                      {"ranks", ranks},
+                      {"skipped", fmt::format("needs HK and HV divisible by {}", ranks)}});
       continue;
     }
     CpStats stats;
     ProblemResults cp;
-    run_one(strategy, stats, cp);
-    if (!printer) continue;
+    {
+      const Progress progress(
+          report, fmt::format("running strategy {} on {} ranks", strategy_name(strategy), ranks));
+      run_one(strategy, stats, cp);
+    }
+    if (!report.printer()) continue;
     double error = 0;
     for (auto field : {&ProblemResults::o, &ProblemResults::final_state, &ProblemResults::dq,
                        &ProblemResults::dk, &ProblemResults::dv, &ProblemResults::dg,
                        &ProblemResults::dbeta, &ProblemResults::dh0})
-      if (!(single.*field).bytes.empty())
-        error = std::max(error, relative_error((cp.*field).ref(), (single.*field).ref()));
-    ok = ok && error <= tolerance;
+      if (!(single.*field).bytes.empty()) {
+        const double e = relative_error((cp.*field).ref(), (single.*field).ref());
+        if (std::isnan(e) || e > error) error = e;  // NaN sticks and fails
+      }
+    const bool row_ok = error <= tolerance;
+    ok = ok && row_ok;
     const std::string name = strategy == stats.strategy
                                  ? std::string(strategy_name(strategy))
                                  : fmt::format("auto: {}", strategy_name(stats.strategy));
-    fmt::print("{:<19}{:>10.3f}{:>14.3f}{:>14.0f}{:>14.2f}{:>13.2e}\n", name,
-               stats.forward_seconds * 1e3, stats.total_seconds * 1e3, tokens / stats.total_seconds,
-               static_cast<double>(stats.bytes_sent) * 1e-6, error);
+    report.text("{:<19}{:>10.3f}{:>14.3f}{:>14.0f}{:>14.2f}{:>13.2e}\n", name,
+                stats.forward_seconds * 1e3, stats.total_seconds * 1e3,
+                tokens / stats.total_seconds, static_cast<double>(stats.bytes_sent) * 1e-6, error);
+    nlohmann::ordered_json row = {{"strategy", strategy_name(stats.strategy)},
+                                  {"ranks", ranks},
+                                  {"forward_ms", stats.forward_seconds * 1e3},
+                                  {"forward_backward_ms", stats.total_seconds * 1e3},
+                                  {"tokens_per_s", tokens / stats.total_seconds},
+                                  {"sent_per_rank_bytes", stats.bytes_sent},
+                                  {"error", error},
+                                  {"ok", row_ok}};
+    if (strategy != stats.strategy) row["requested"] = strategy_name(strategy);
+    rows.push_back(std::move(row));
   }
+  if (options.strategy == "all")
+    report.text("auto (the cost model) picks {} here\n", strategy_name(automatic));
+  report.doc()["context_parallel"] = {{"ranks", ranks},
+                                      {"on", where},
+                                      {"requested", options.strategy},
+                                      {"auto", strategy_name(automatic)},
+                                      {"reference", "the single-rank results"},
+                                      {"tolerance", tolerance},
+                                      {"rows", std::move(rows)}};
   return ok;
 }
 
@@ -269,71 +308,112 @@ StrategyRun cuda_strategy_run(const RunOptions& options, Communicator* world,
   };
 }
 
-// The single-rank pass: times forward and backward (printed when `print`).
-void run_single_rank(const Problem& p, ProblemData& data, ProblemResults& results, bool print) {
-  const double forward = seconds([&] { delta_rule_forward(data.inputs(), results.outputs()); });
-  const double backward = seconds([&] { delta_rule_backward(data.inputs(), results.grads(data)); });
-  if (!print) return;
+// The single-rank passes' times, in text (GFLOP/s, or TFLOP/s on the GPU) and in the document's
+// "single_rank".
+void report_passes(const Problem& p, double forward_ms, double backward_ms, bool gpu,
+                   Report& report) {
   const double flops = forward_flops(p), tokens = static_cast<double>(p.B * p.T);
-  fmt::print("\n{:<18}{:>12}{:>14}{:>12}\n", "pass", "time (ms)", "tokens/s", "GFLOP/s");
-  for (const auto& [pass, time, pass_flops] :
-       {std::tuple{"forward", forward, flops}, std::tuple{"backward", backward, 3 * flops},
-        std::tuple{"forward+backward", forward + backward, 4 * flops}})
-    fmt::print("{:<18}{:>12.1f}{:>14.0f}{:>12.2f}\n", pass, time * 1e3, tokens / time,
-               pass_flops / time * 1e-9);
-  fmt::print("(GFLOP/s counts forward FLOPs x3 for backward)\n");
+  report.text("\n{:<18}{:>12}{:>14}{:>12}\n", "pass", "time (ms)", "tokens/s",
+              gpu ? "TFLOP/s" : "GFLOP/s");
+  nlohmann::ordered_json passes = nlohmann::ordered_json::object();
+  for (const auto& [pass, key, ms, pass_flops] :
+       {std::tuple{"forward", "forward", forward_ms, flops},
+        std::tuple{"backward", "backward", backward_ms, 3 * flops},
+        std::tuple{"forward+backward", "forward_backward", forward_ms + backward_ms, 4 * flops}}) {
+    const double gflops = pass_flops / ms * 1e-6;
+    report.text("{:<18}{:>12.{}f}{:>14.0f}{:>12.2f}\n", pass, ms, gpu ? 3 : 1, tokens / ms * 1e3,
+                gpu ? gflops * 1e-3 : gflops);
+    passes[key] = {{"ms", ms}, {"tokens_per_s", tokens / ms * 1e3}, {"gflop_per_s", gflops}};
+  }
+  report.doc()["single_rank"] = std::move(passes);
 }
 
-// Checks key head 0 of the single-rank results against the float64 recurrence and prints the
+// The single-rank pass: times forward and backward.
+void run_single_rank(const Problem& p, ProblemData& data, ProblemResults& results, Report& report) {
+  const Progress progress(report, "running forward and backward on one rank");
+  const double forward = seconds([&] { delta_rule_forward(data.inputs(), results.outputs()); });
+  const double backward = seconds([&] { delta_rule_backward(data.inputs(), results.grads(data)); });
+  report_passes(p, forward * 1e3, backward * 1e3, false, report);
+  report.text("(GFLOP/s counts forward FLOPs x3 for backward)\n");
+}
+
+// Checks key head 0 of the single-rank results against the float64 recurrence and reports the
 // errors; true when within tolerance. Run after the last collective call: only one rank does it.
 bool check_single_rank(const Problem& p, const ProblemData& data, const ProblemResults& results,
-                       double tolerance) {
-  fmt::print("\nrelative error against the float64 recurrence, key head 0 and value heads 0-{}:\n",
-             p.HV / p.HK - 1);
+                       double tolerance, Report& report) {
+  std::vector<Check> checks;
+  {
+    const Progress progress(report, "checking key head 0 against the float64 recurrence");
+    checks = check_first_head(p, data, results);
+  }
+  report.text("\nrelative error against the float64 recurrence, key head 0 and value heads 0-{}:\n",
+              p.HV / p.HK - 1);
   double max_error = 0;
-  for (const Check& c : check_first_head(p, data, results)) {
-    fmt::print("  {:<14}{:.2e}\n", c.name, c.error);
+  nlohmann::ordered_json errors = nlohmann::ordered_json::object();
+  for (const Check& c : checks) {
+    report.text("  {:<14}{:.2e}\n", c.name, c.error);
+    errors[c.name] = c.error;
     if (std::isnan(c.error) || c.error > max_error) max_error = c.error;  // NaN sticks and fails
   }
   const bool ok = max_error <= tolerance;
-  fmt::print("  {:<14}{:.2e}  (tolerance {:.0e}: {})\n", "max", max_error, tolerance,
-             ok ? "ok" : "FAILED");
+  report.text("  {:<14}{:.2e}  (tolerance {:.0e}: {})\n", "max", max_error, tolerance,
+              ok ? "ok" : "FAILED");
+  report.doc()["check"] = {{"against", "the float64 recurrence"},
+                           {"key_head", 0},
+                           {"value_heads", {0, p.HV / p.HK - 1}},
+                           {"errors", std::move(errors)},
+                           {"max_error", max_error},
+                           {"tolerance", tolerance},
+                           {"ok", ok}};
   return ok;
+}
+
+// The document's "problem" (the layer adds its own fields).
+nlohmann::ordered_json problem_json(const Problem& p) {
+  return {{"B", p.B},
+          {"T", p.T},
+          {"HK", p.HK},
+          {"HV", p.HV},
+          {"K", p.K},
+          {"V", p.V},
+          {"dtype", dtype_name(p.dtype)},
+          {"chunk", p.chunk_size},
+          {"l2norm", p.use_qk_l2norm},
+          {"initial_state", p.initial_state},
+          {"seed", p.seed}};
 }
 
 // The op on the GPU: forward and backward timed by CUDA events after a warm-up, checked like the
 // single-rank pass (bf16 tolerance); then, with ranks, context parallel on GPUs against it.
-bool run_cuda(const RunOptions& options, Communicator* world) {
+bool run_cuda(const RunOptions& options, Communicator* world, Report& report) {
   Problem p = options.problem;
   if (p.dtype == DType::f32) p.dtype = DType::bf16;
-  const bool printer = !world || world->rank() == 0;
-  if (printer)
-    fmt::print("gdn run --device cuda: B={} T={} HK={} HV={} K={} V={}, {}, chunk {}, seed {}\n",
-               p.B, p.T, p.HK, p.HV, p.K, p.V, dtype_name(p.dtype), p.chunk_size, p.seed);
-  ProblemData data = generate(p);
-  CudaTimes times;
-  const ProblemResults results = run_on_cuda(data, true, times);
-  bool ok = true;
-  if (printer) {
-    const double flops = forward_flops(p), tokens = static_cast<double>(p.B * p.T);
-    fmt::print("\n{:<18}{:>12}{:>14}{:>12}\n", "pass", "time (ms)", "tokens/s", "TFLOP/s");
-    for (const auto& [pass, ms, pass_flops] :
-         {std::tuple{"forward", times.forward_ms, flops},
-          std::tuple{"backward", times.backward_ms, 3 * flops},
-          std::tuple{"forward+backward", times.forward_ms + times.backward_ms, 4 * flops}})
-      fmt::print("{:<18}{:>12.3f}{:>14.0f}{:>12.2f}\n", pass, ms, tokens / ms * 1e3,
-                 pass_flops / ms * 1e-9);
+  report.text("gdn run --device cuda: B={} T={} HK={} HV={} K={} V={}, {}, chunk {}, seed {}\n",
+              p.B, p.T, p.HK, p.HV, p.K, p.V, dtype_name(p.dtype), p.chunk_size, p.seed);
+  report.doc()["problem"] = problem_json(p);
+  ProblemData data;
+  {
+    const Progress progress(report, "generating the problem");
+    data = generate(p);
   }
+  CudaTimes times;
+  ProblemResults results;
+  {
+    const Progress progress(report, "running forward and backward on the GPU");
+    results = run_on_cuda(data, true, times);
+  }
+  report_passes(p, times.forward_ms, times.backward_ms, true, report);
+  bool ok = true;
   if (world || options.ranks > 1) {
     const std::string where = world                             ? "MPI processes, a GPU each"
                               : one_gpu_per_rank(options.ranks) ? "GPUs (NCCL)"
                                                                 : "virtual ranks on one GPU";
     // Against the single-GPU op: within its bf16 tolerance (test_cuda_cp says why not bitwise).
-    ok = run_strategies(options, world, results, 2e-2, where,
-                        cuda_strategy_run(options, world, data)) &&
+    ok = run_strategies(options, world, results, 2e-2, where, Memory::device,
+                        cuda_strategy_run(options, world, data), report) &&
          ok;
   }
-  if (printer) ok = check_single_rank(p, data, results, 2e-2) && ok;
+  if (report.printer()) ok = check_single_rank(p, data, results, 2e-2, report) && ok;
   return ok;
 }
 
@@ -345,18 +425,26 @@ int run(const RunOptions& options) {
   std::unique_ptr<Communicator> world =
       launched_by_mpirun() ? mpi_world(Timeout(options.timeout_ms)) : nullptr;
   check_ranks(options, world.get());
-  if (options.layer) return run_layer_job(options, world.get()) ? 0 : 1;
+  Report report(options.json, !world || world->rank() == 0);
+  report.doc()["command"] = options.layer ? "run --layer" : "run";
+  report.doc()["version"] = GDN_VERSION;
+  report.doc()["device"] = options.device;
+  report.doc()["threads"] = options.threads;
+  report.doc()["processes"] = world ? world->size() : 1;
+  const auto finish = [&](bool ok) {
+    report.finish(ok);
+    return ok ? 0 : 1;
+  };
+  if (options.layer) return finish(run_layer_job(options, world.get(), report));
   if (options.device == "cuda") {
     require_cuda_gpu();
-    return run_cuda(options, world.get()) ? 0 : 1;
+    return finish(run_cuda(options, world.get(), report));
   }
-  const bool printer = !world || world->rank() == 0;
-  if (printer)
-    fmt::print(
-        "gdn run: B={} T={} HK={} HV={} K={} V={}, {}, chunk {}, l2norm {}, seed {}, "
-        "threads {}\n",
-        p.B, p.T, p.HK, p.HV, p.K, p.V, dtype_name(p.dtype), p.chunk_size,
-        p.use_qk_l2norm ? "on" : "off", p.seed, options.threads);
+  report.text(
+      "gdn run: B={} T={} HK={} HV={} K={} V={}, {}, chunk {}, l2norm {}, seed {}, threads {}\n",
+      p.B, p.T, p.HK, p.HV, p.K, p.V, dtype_name(p.dtype), p.chunk_size,
+      p.use_qk_l2norm ? "on" : "off", p.seed, options.threads);
+  report.doc()["problem"] = problem_json(p);
 
   // Inputs q k v g beta dO and results o dq dk dv dg dbeta, of the storage dtype (g in f32).
   const double elements = static_cast<double>(p.B) * static_cast<double>(p.T) *
@@ -365,22 +453,25 @@ int run(const RunOptions& options) {
                              "(the problem's inputs and results)",
                              p.B, p.T, p.HK, p.HV, p.K, p.V),
                  elements * static_cast<double>(std::max<std::size_t>(dtype_size(p.dtype), 4)));
-  ProblemData data = generate(p);
+  ProblemData data;
+  {
+    const Progress progress(report, "generating the problem");
+    data = generate(p);
+  }
   ProblemResults results = allocate_results(p, p.dtype);
   const double tolerance = p.dtype == DType::f32 ? 1e-4 : 2e-2;
   // Under mpirun every rank runs the single-rank pass, and only after the last collective call
   // does rank 0 run the float64 check: no rank waits in a collective while another works alone.
-  run_single_rank(p, data, results, printer);
+  run_single_rank(p, data, results, report);
   bool ok = true;
   if (world || options.ranks > 1)
     ok = run_strategies(options, world.get(), results, tolerance,
-                        world ? "MPI processes" : "in-process ranks",
-                        cpu_strategy_run(options, world.get(), data));
-  if (printer) ok = check_single_rank(p, data, results, tolerance) && ok;
-  if (ok) return 0;
-  if (printer)
+                        world ? "MPI processes" : "in-process ranks", Memory::host,
+                        cpu_strategy_run(options, world.get(), data), report);
+  if (report.printer()) ok = check_single_rank(p, data, results, tolerance, report) && ok;
+  if (!ok && report.printer())
     fmt::print(stderr, "gdn: error: a relative error exceeds the tolerance {:.0e}\n", tolerance);
-  return 1;
+  return finish(ok);
 }
 
 }  // namespace gdn::app
