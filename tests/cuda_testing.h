@@ -1,11 +1,13 @@
 #pragma once
-// What the CUDA tests share: whether a GPU is there, and device copies of host tensors.
+// What the CUDA tests share: whether a GPU is there, the kernels' problem shape, and device copies
+// of host tensors.
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <vector>
 
 #include "cuda/check.h"
+#include "gdn/problem.h"
 #include "gdn/tensor.h"
 
 namespace gdn {
@@ -13,6 +15,20 @@ namespace gdn {
 inline bool have_gpu() {
   int count = 0;
   return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+}
+
+// B=1, T tokens, HK key and HV value heads of K = V = 128, bf16, an initial state, a final-state
+// gradient and l2norm: the kernels' case. `salt` keeps each test file's inputs its own.
+inline Problem hopper_problem(std::int64_t T, std::int64_t HK, std::int64_t HV,
+                              std::int64_t salt) {
+  Problem p;
+  p.B = 1, p.T = T, p.HK = HK, p.HV = HV, p.K = 128, p.V = 128;
+  p.dtype = DType::bf16;
+  p.initial_state = true;
+  p.final_state_grad = true;
+  p.use_qk_l2norm = true;
+  p.seed = static_cast<std::uint64_t>(T * salt + HV);
+  return p;
 }
 
 // A device copy of a host tensor (or an empty one), freed with the object.

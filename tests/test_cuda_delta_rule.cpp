@@ -106,14 +106,7 @@ void check_problem(const Problem& p, bool reuse_forward = false, bool save = fal
 }
 
 Problem base(std::int64_t T, std::int64_t HK, std::int64_t HV) {
-  Problem p;
-  p.B = 1, p.T = T, p.HK = HK, p.HV = HV, p.K = 128, p.V = 128;
-  p.dtype = DType::bf16;
-  p.initial_state = true;
-  p.final_state_grad = true;
-  p.use_qk_l2norm = true;
-  p.seed = static_cast<std::uint64_t>(T * 7 + HV);
-  return p;
+  return hopper_problem(T, HK, HV, 7);
 }
 
 class CudaDeltaRuleLength : public ::testing::TestWithParam<std::int64_t> {};

@@ -137,14 +137,7 @@ void check_deterministic(const Problem& p, bool host_offsets = true) {
 }
 
 Problem base(std::int64_t T, std::int64_t HK, std::int64_t HV) {
-  Problem p;
-  p.B = 1, p.T = T, p.HK = HK, p.HV = HV, p.K = 128, p.V = 128;
-  p.dtype = DType::bf16;
-  p.initial_state = true;
-  p.final_state_grad = true;
-  p.use_qk_l2norm = true;
-  p.seed = static_cast<std::uint64_t>(T * 11 + HV);
-  return p;
+  return hopper_problem(T, HK, HV, 11);
 }
 
 // T not a multiple of 64, grouped heads, an initial state.
