@@ -19,8 +19,7 @@ inline bool have_gpu() {
 
 // B=1, T tokens, HK key and HV value heads of K = V = 128, bf16, an initial state, a final-state
 // gradient and l2norm: the kernels' case. `salt` keeps each test file's inputs its own.
-inline Problem hopper_problem(std::int64_t T, std::int64_t HK, std::int64_t HV,
-                              std::int64_t salt) {
+inline Problem hopper_problem(std::int64_t T, std::int64_t HK, std::int64_t HV, std::int64_t salt) {
   Problem p;
   p.B = 1, p.T = T, p.HK = HK, p.HV = HV, p.K = 128, p.V = 128;
   p.dtype = DType::bf16;
