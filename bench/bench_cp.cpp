@@ -182,7 +182,7 @@ void strategy(benchmark::State& state) {
       omp_set_num_threads(std::max(1, cores / ranks));
       gdn::ProblemData shard = gdn::shard_of(data, comm.rank(), ranks);
       gdn::ProblemResults r = gdn::allocate_results(shard, gdn::DType::f32);
-      gdn::CpDeltaRule op(comm, {strategy});
+      gdn::CpDeltaRule op(comm, {strategy, false, backward});
       op.forward(shard.inputs(), r.outputs());
       if (backward) op.backward(shard.inputs(), r.grads(shard));
       if (comm.rank() == 0) bytes = comm.bytes_sent(), used = op.strategy();

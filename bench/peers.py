@@ -2,7 +2,9 @@
 against a float64 reference, on the same inputs.
 
     python3 bench/peers.py                 # every peer, each in its own process; a table last
-    python3 bench/peers.py --peer fla      # one peer (gdn, fla, flashqla, transformers)
+    python3 bench/peers.py --peers gdn,fla --part speed   # some peers, one part
+    python3 bench/peers.py --peer fla      # one peer's speed in this process (gdn, fla,
+                                           # flashqla, transformers)
 
 Speed: forward, and forward + backward (torch.autograd.grad of o), each captured once in a CUDA
 graph and replayed 20 times per event pair, median of 5 pairs, so Python and launch overhead drop
@@ -16,14 +18,15 @@ Accuracy: relative Frobenius error of o, the final state and every gradient agai
 CPU recurrence (itself tested against a torch float64 loop), HK=1 HV=2, T = 4k and 64k, strong,
 weak and mixed gates, an initial state and a gradient of the final state; plus an edge case
 (T=4k, three packed sequences, g down to -8, beta in {0, 1}). The driver makes the inputs and the
-reference (gdn processes on the CPU, one per case, while the peers time on the GPU) and every
-peer reads them from --work.
+reference (gdn processes on the CPU, one per case, after the timings, which have the machine to
+themselves: the peers' first calls compile their kernels) and every peer reads them from --work.
 """
 import argparse
 import os
 import statistics
 import subprocess
 import sys
+import time
 
 import torch
 
@@ -219,7 +222,9 @@ def run_peer(peer, part, work):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--peer", choices=PEERS)
-    parser.add_argument("--part", choices=("speed", "accuracy"), default="speed")
+    parser.add_argument("--part", choices=("speed", "accuracy", "both"), default="both",
+                        help="with --peer: that peer's part (default speed); the driver: which "
+                             "parts for every peer (default both)")
     parser.add_argument("--work", default="/tmp/gdn_peers")
     parser.add_argument("--make-reference", metavar="CASE", choices=sorted(reference_cases()))
     parser.add_argument("--peers", default=",".join(PEERS),
@@ -228,20 +233,16 @@ def main():
     if args.make_reference:
         return make_reference(args.work, args.make_reference)
     if args.peer:
-        return run_peer(args.peer, args.part, args.work)
-    # The references take the CPU (a process per case) while the peers take the GPU.
+        return run_peer(args.peer, "accuracy" if args.part == "accuracy" else "speed", args.work)
     me = [sys.executable, os.path.abspath(__file__), "--work", args.work]
-    env = dict(os.environ, OMP_NUM_THREADS="2")
-    references = [subprocess.Popen(me + ["--make-reference", name], env=env)
-                  for name in reference_cases()]
-    lines = []
+    lines, start = [], time.monotonic()
 
     def run(peer, part):  # the peer's lines as they come, so that a time limit keeps them
         child = subprocess.Popen(me + ["--peer", peer, "--part", part], stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, text=True)
         tail = []
         for line in child.stdout:
-            sys.stdout.write(line)
+            sys.stdout.write(f"[{time.monotonic() - start:6.0f} s] {line}")
             sys.stdout.flush()
             tail = (tail + [line])[-20:]
             if line.startswith(("speed", "acc")):
@@ -250,12 +251,17 @@ def main():
             lines.append(f"{peer} {part}: exited with {child.returncode}: {tail[-1].strip()}")
 
     peers = args.peers.split(",")
-    for peer in peers:
-        run(peer, "speed")
-    if any(r.wait() for r in references):
-        raise SystemExit("a reference failed")
-    for peer in peers:
-        run(peer, "accuracy")
+    if args.part in ("speed", "both"):  # alone on the machine: compilers and timings
+        for peer in peers:
+            run(peer, "speed")
+    if args.part in ("accuracy", "both"):
+        env = dict(os.environ, OMP_NUM_THREADS="2")
+        references = [subprocess.Popen(me + ["--make-reference", name], env=env)
+                      for name in reference_cases()]
+        if any(r.wait() for r in references):
+            raise SystemExit("a reference failed")
+        for peer in peers:
+            run(peer, "accuracy")
     print("\n".join(["", "== summary"] + lines))
 
 

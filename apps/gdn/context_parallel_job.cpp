@@ -81,14 +81,16 @@ ProblemResults run_context_parallel(Communicator& comm, const ProblemData& data,
   return gather(comm, data, mine);
 }
 
-Strategy automatic_choice(const Problem& problem, int ranks, Memory memory, int threads) {
+Strategy automatic_choice(const Problem& problem, int ranks, int ranks_on_host, Memory memory,
+                          int threads, bool training) {
   const std::int64_t N = problem.sequences();
   cp::ShardPlan plan;
   plan.ranks = ranks;
+  plan.ranks_on_host = ranks_on_host;
   plan.shape = {problem.B, problem.T / ranks, problem.HK, problem.HV, problem.K, problem.V, N};
   plan.global_sequences = N;
   plan.chains = problem.seqlens.empty() ? problem.B : 1;
-  return cp::choose_strategy(plan, memory, threads);
+  return cp::choose_strategy(plan, memory, training, threads);
 }
 
 bool launched_by_mpirun() {

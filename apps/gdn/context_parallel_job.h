@@ -29,9 +29,11 @@ double slowest(Communicator& comm, double value);
 HostTensor gather_tokens(Communicator& comm, const HostTensor& part, std::int64_t T);
 
 // The strategy `auto` picks (the cost model, cp/cost_model.h) for `ranks` shards of the problem
-// along T, on host or device memory, each rank's op on `threads` OpenMP threads: what the auto
-// row runs, said also with --strategy all.
-Strategy automatic_choice(const Problem& problem, int ranks, Memory memory, int threads);
+// along T, on host or device memory, `ranks_on_host` of them sharing this host's cores, each
+// rank's op on `threads` OpenMP threads, for a forward or a training step: what the auto row
+// runs, said also with --strategy all.
+Strategy automatic_choice(const Problem& problem, int ranks, int ranks_on_host, Memory memory,
+                          int threads, bool training);
 
 // True when this process was started by mpirun with more than one process.
 bool launched_by_mpirun();

@@ -242,8 +242,8 @@ int layer(const LayerCommandOptions& options) {
   check_layer_inputs(options.input, config, x, mask, d_out);
 
   LayerRun r = run_anywhere(options.ranks, omp_get_max_threads(), Timeout(options.timeout_ms),
-                            {parse_strategy(options.strategy)}, config, weights, x, mask, d_out,
-                            world.get());
+                            {parse_strategy(options.strategy), false, !d_out.bytes.empty()}, config,
+                            weights, x, mask, d_out, world.get());
   if (world && world->rank() != 0) return 0;
   TensorMap out;
   out["output"] = std::move(r.out);
@@ -330,8 +330,9 @@ bool run_layer_job(const RunOptions& options, Communicator* world, Report& repor
   if (!world && options.ranks == 1) strategies.clear();
   const int ranks = world ? world->size() : options.ranks;
   // The layer's op runs on shards of the same shape: auto's pick is the model's for the problem.
-  const Strategy automatic = automatic_choice(
-      p, ranks, Memory::host, world ? options.threads : std::max(1, options.threads / ranks));
+  const Strategy automatic =
+      automatic_choice(p, ranks, world ? world->ranks_on_host() : ranks, Memory::host,
+                       world ? options.threads : std::max(1, options.threads / ranks), true);
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
   bool ok = true;
   for (Strategy s : strategies) {
@@ -346,8 +347,8 @@ bool run_layer_job(const RunOptions& options, Communicator* world, Report& repor
     {
       const Progress progress(report, fmt::format("running the layer with strategy {} on {} ranks",
                                                   strategy_name(s), ranks));
-      cp = run_anywhere(options.ranks, options.threads, Timeout(options.timeout_ms), {s}, config,
-                        weights, x, {}, d_out, world, layer_options);
+      cp = run_anywhere(options.ranks, options.threads, Timeout(options.timeout_ms),
+                        {s, false, true}, config, weights, x, {}, d_out, world, layer_options);
     }
     if (!report.printer()) continue;
     double error = std::max(relative_error(cp.out.ref(), single.out.ref()),

@@ -98,8 +98,9 @@ int op(const OpOptions& options) {
     results = run_on_cuda(data, backward, times);
   } else if (options.device == "cuda") {
     CpStats stats;
-    results = run_cp_on_cuda(data, options.ranks, world.get(), {parse_strategy(options.strategy)},
-                             backward, 1, Timeout(options.timeout_ms), stats);
+    results = run_cp_on_cuda(data, options.ranks, world.get(),
+                             {parse_strategy(options.strategy), false, backward}, backward, 1,
+                             Timeout(options.timeout_ms), stats);
     if (world && world->rank() != 0) return 0;  // rank 0 writes the file
   } else if (!world && options.ranks == 1) {
     results = allocate_results(data, DType::f32);
@@ -108,7 +109,7 @@ int op(const OpOptions& options) {
   } else {
     if (options.method != Method::chunked)
       throw Error("--method recurrent runs on one rank: drop --ranks (or mpirun)");
-    const CpOptions cp{parse_strategy(options.strategy)};
+    const CpOptions cp{parse_strategy(options.strategy), false, backward};
     CpStats stats;
     if (world) {
       results = run_context_parallel(*world, data, cp, backward, stats);

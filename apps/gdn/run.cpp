@@ -215,7 +215,8 @@ bool run_strategies(const RunOptions& options, Communicator* world, const Proble
   const double tokens = static_cast<double>(options.problem.B * options.problem.T);
   // In-process ranks share the threads (cpu_strategy_run); mpirun's processes have them each.
   const int threads = world ? options.threads : std::max(1, options.threads / ranks);
-  const Strategy automatic = automatic_choice(options.problem, ranks, memory, threads);
+  const Strategy automatic = automatic_choice(
+      options.problem, ranks, world ? world->ranks_on_host() : ranks, memory, threads, true);
   report.text("\ncontext parallel over {} {}:\n{:<19}{:>10}{:>14}{:>14}{:>14}{:>13}\n", ranks,
               where, "strategy", "fwd (ms)", "fwd+bwd (ms)", "tokens/s", "sent/rank MB", "error");
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
@@ -282,7 +283,7 @@ StrategyRun cpu_strategy_run(const RunOptions& options, Communicator* world,
   return [&options, world, &data](Strategy strategy, CpStats& stats, ProblemResults& cp) {
     const auto job = [&](Communicator& comm) {
       CpStats mine;
-      ProblemResults whole = run_context_parallel(comm, data, {strategy}, true, mine);
+      ProblemResults whole = run_context_parallel(comm, data, {strategy, false, true}, true, mine);
       if (comm.rank() == 0) stats = mine, cp = std::move(whole);
     };
     if (world) {

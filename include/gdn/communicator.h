@@ -29,6 +29,9 @@ class Communicator {
 
   virtual int rank() const = 0;
   virtual int size() const = 0;
+  // The ranks of the group that run on this host, sharing its cores (the CPU cost model's
+  // concern): all of them in-process, mpirun's local ranks for MPI.
+  virtual int ranks_on_host() const { return 1; }
 
   virtual void send(const void* data, std::size_t bytes, int peer) = 0;
   virtual void recv(void* data, std::size_t bytes, int peer) = 0;

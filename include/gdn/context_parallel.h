@@ -35,7 +35,9 @@ std::vector<Strategy> all_strategies();             // every concrete strategy (
 struct CpOptions {
   Strategy strategy = Strategy::automatic;
   bool recompute_summary = false;  // backward rebuilds M instead of keeping it from forward
-  bool save_for_backward = false;  // CUDA: the forward keeps the per-chunk states (training)
+  // Training: a backward follows the forward. CUDA keeps the per-chunk states for it, and
+  // `automatic` picks the strategy by forward + backward time instead of the forward's.
+  bool save_for_backward = false;
 };
 
 namespace cp {

@@ -93,7 +93,7 @@ class _CpDeltaRule(torch.autograd.Function):
     def forward(ctx, q, k, v, g, beta, initial_state, cu_seqlens, comm, strategy, scale, l2norm,
                 output_final_state):
         training = any(ctx.needs_input_grad[:6])
-        op = _gdn.CpOp(comm, strategy, bool(training and q.is_cuda))
+        op = _gdn.CpOp(comm, strategy, training)
         n = q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
         o = torch.empty(v.shape, dtype=q.dtype, device=q.device)
         final_state = (torch.zeros((n, v.shape[2], k.shape[3], v.shape[3]), dtype=torch.float32,

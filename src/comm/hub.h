@@ -100,6 +100,7 @@ class InProcess final : public Communicator {
 
   int rank() const override { return rank_; }
   int size() const override { return hub_.size; }
+  int ranks_on_host() const override { return hub_.size; }
 
   void send(const void* data, std::size_t bytes, int peer) override {
     check_peer(peer);

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <climits>
+#include <cstdlib>
 #include <string>
 #include <thread>
 
@@ -42,6 +43,13 @@ class Mpi final : public Communicator {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  // mpirun says how many of its processes share this host (OpenMPI, then MPICH and Hydra).
+  int ranks_on_host() const override {
+    for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"})
+      if (const char* value = std::getenv(name); value && std::atoi(value) > 0)
+        return std::atoi(value);
+    return 1;
+  }
 
   void send(const void* data, std::size_t bytes, int peer) override {
     const std::string what = fmt::format("send of {} bytes to rank {}", bytes, peer);

@@ -93,7 +93,7 @@ void CpDeltaRule::forward(const DeltaRuleInputs& shard, const DeltaRuleOutputs& 
   const cp::ShardPlan& plan = saved->plan;
   validate_outputs(user_shape(plan), out);
   saved->strategy = options_.strategy == Strategy::automatic
-                        ? cp::choose_strategy(plan, backend_->memory())
+                        ? cp::choose_strategy(plan, backend_->memory(), options_.save_for_backward)
                         : options_.strategy;
   const int rank = plan.rank, last = plan.ranks - 1;
   if (saved->strategy == Strategy::ulysses) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <thread>
 
 namespace gdn::cp {
 namespace {
@@ -29,11 +30,14 @@ double local_forward_seconds(const ShardPlan& plan, int threads) {
 
 }  // namespace
 
-double predicted_seconds(Strategy strategy, const ShardPlan& plan, bool training, int threads) {
+double predicted_seconds(Strategy strategy, const ShardPlan& plan, bool training, int threads,
+                         int cores) {
   const DeltaRuleShape& s = plan.shape;
   if (threads <= 0) threads = std::max(1, omp_get_max_threads());
+  if (cores <= 0) cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   const double P = plan.ranks, t = local_forward_seconds(plan, threads), a = kMessageSeconds;
   const double t_b = kBackwardRatio * t;
+  const double crowding = std::max(1.0, static_cast<double>(plan.ranks_on_host) * threads / cores);
   if (plan.ranks == 1) return training ? t + t_b : t;
   const double state = static_cast<double>(plan.carried_size()) * sizeof(float);
   const double matrices = state * static_cast<double>(s.K) / static_cast<double>(s.V);
@@ -61,16 +65,18 @@ double predicted_seconds(Strategy strategy, const ShardPlan& plan, bool training
       const double tokens = static_cast<double>(s.B * s.T);
       const double inputs = 4.0 * static_cast<double>(2 * s.HK * s.K + s.HV * s.V + 2 * s.HV);
       const double o = 4.0 * static_cast<double>(s.HV * s.V);
-      const double forward = t + 2 * a + kRelayoutSecondsPerByte * tokens * (inputs + o);
+      const double forward =
+          crowding * (t + kRelayoutSecondsPerByte * tokens * (inputs + o)) + 2 * a;
       if (!training) return forward;
-      return forward + t_b + 2 * a + kRelayoutSecondsPerByte * tokens * (2 * inputs + o);
+      return forward + crowding * (t_b + kRelayoutSecondsPerByte * tokens * (2 * inputs + o)) +
+             2 * a;
     }
     case Strategy::automatic:
       return std::numeric_limits<double>::infinity();
   }
   const double summary = plan.ranks == 2 ? kFirstSummaryRatio : kSummaryRatio;
-  const double forward = (1 + summary) * t + passage;
-  return training ? forward + (1 + kGPassRatio) * t_b + passage : forward;
+  const double forward = crowding * (1 + summary) * t + passage;
+  return training ? forward + crowding * (1 + kGPassRatio) * t_b + passage : forward;
 }
 
 namespace {
@@ -157,10 +163,11 @@ double single_gpu_seconds(const ShardPlan& plan, bool training) {
   return (training ? kSingleTraining : kSingleForward).seconds(n);
 }
 
-Strategy choose_strategy(const ShardPlan& plan, Memory memory, int threads) {
+Strategy choose_strategy(const ShardPlan& plan, Memory memory, bool training, int threads,
+                         int cores) {
   const auto predicted = [&](Strategy s) {
-    return memory == Memory::host ? predicted_seconds(s, plan, true, threads)
-                                  : predicted_gpu_seconds(s, plan, false);
+    return memory == Memory::host ? predicted_seconds(s, plan, training, threads, cores)
+                                  : predicted_gpu_seconds(s, plan, training);
   };
   Strategy best = Strategy::relay;
   for (Strategy s : all_strategies())

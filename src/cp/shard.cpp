@@ -27,6 +27,7 @@ ShardPlan plan_shard(Communicator& comm, Backend& backend, const DeltaRuleInputs
   ShardPlan plan;
   plan.rank = comm.rank();
   plan.ranks = comm.size();
+  plan.ranks_on_host = comm.ranks_on_host();
   DeltaRuleInputs local = shard;
   local.cu_seqlens = {};
   local.initial_state = {};

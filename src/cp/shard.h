@@ -23,6 +23,7 @@ struct Segment {
 
 struct ShardPlan {
   int rank = 0, ranks = 1;
+  int ranks_on_host = 1;          // of the ranks, those sharing this host's cores
   DeltaRuleShape shape{};         // of the shard: T is the local length, N the local segments
   std::int64_t global_sequences;  // N of the whole problem
   std::int64_t chains;            // carried states: B, or 1 with cu_seqlens
