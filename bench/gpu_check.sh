@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root, after bench/gpu_stage.sh: the CUDA tests, the
-# sanitizers, a per-kernel profile at B=1 T=65536, then bench_cuda, flash-linear-attention's and
-# transformers' timings and bench_cuda again (so gdn and its peers share the run). Logs go to
-# $OUT (or ./gpu-logs).
+# sanitizers, a per-kernel profile at B=1 T=65536, then bench_cuda and bench/peers.py's speed
+# part (gdn, FLA, FlashQLA and transformers in the same run). Logs go to $OUT (or ./gpu-logs).
 # Stages: test, cp, cp-bench, cp-sanitize, profile, stalls, bench (default: test sanitize profile bench).
 set -uo pipefail
 out="${OUT:-$PWD/gpu-logs}"
@@ -62,16 +61,9 @@ for stage in $stages; do
         >"$out/stalls.log" 2>&1
       grep -E "^  [a-zA-Z_ <>:,0-9]+\(|Issued Ipc|No Eligible|Stall [A-Z]" "$out/stalls.log" |
         grep -vE " 0(\.0+)?$" | sed -E 's/^ *(void )?//; s/\(Params.*//' ;;
-    bench)
-      if [ -d .whl ]; then
-        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-          --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
-      fi
+    bench)  # gdn and its peers by CUDA-graph replay (bench/gpu_peers.sh installs the wheels)
       .device/bench_cuda | tee "$out/bench.log"
-      PYTHONUNBUFFERED=1 python3 bench/fla_peer.py --bypass-guard 2>&1 | tail -8 | tee "$out/fla.log"
-      PYTHONUNBUFFERED=1 python3 bench/transformers_peer.py 2>&1 | tail -6 |
-        tee "$out/transformers.log"
-      .device/bench_cuda | tee "$out/bench2.log" ;;
+      bash bench/gpu_peers.sh --part speed ;;
     *) echo "gpu_check: unknown stage $stage (test, cp, cp-bench, cp-sanitize, sanitize, profile, stalls, bench)"
        exit 2 ;;
   esac

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the GPU programs here (sm_90a, no MPI) and stages them with the shared libraries they
 # need in .device/, for a machine that has the GPU but not this build (bench/gpu_check.sh runs
-# them there). FLA's wheels go in .whl/ (bench/fla_peer.py says which).
+# them there). gdn's wheel goes in .whl/ (pip wheel . -w .whl), the peers' in .peers/
+# (bench/gpu_peers.sh says which).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="/usr/local/cuda/bin:$PATH"

@@ -5,6 +5,12 @@ against a float64 reference, on the same inputs.
     python3 bench/peers.py --peers gdn,fla --part speed   # some peers, one part
     python3 bench/peers.py --peer fla      # one peer's speed in this process (gdn, fla,
                                            # flashqla, transformers)
+    bash bench/gpu_peers.sh --part speed   # on the GPU machine: the carried wheels installed
+                                           # first, the peers' kernel caches kept
+
+The peers' wheels (Python 3.12, fetched here with `pip download --no-deps`): .peers/a holds
+fla-core 0.6.0, flash-qla 0.1.3, apache-tvm-ffi 0.1.12, torch-c-dlpack-ext 0.1.5 and z3-solver
+4.15.4.0; .peers/b holds tilelang 0.1.15 (the two exceed one call's carry limit together).
 
 Speed: forward, and forward + backward (torch.autograd.grad of o), each captured once in a CUDA
 graph and replayed 20 times per event pair, median of 5 pairs, so Python and launch overhead drop
