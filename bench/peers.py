@@ -71,6 +71,8 @@ def load(peer):
                  use_qk_l2norm_in_kernel=False):
             if cu_seqlens is not None:
                 raise NotImplementedError("transformers' torch loop has no cu_seqlens")
+            group = v.shape[2] // q.shape[2]  # the layer repeats q, k to the value heads first
+            q, k = q.repeat_interleave(group, dim=2), k.repeat_interleave(group, dim=2)
             return fn(q, k, v, g=g, beta=beta, initial_state=initial_state,
                       output_final_state=output_final_state,
                       use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
