@@ -4,6 +4,10 @@
 
 #include <fmt/format.h>
 
+#if defined(__SSE__)
+#include <xmmintrin.h>
+#endif
+
 #include "testing.h"
 
 namespace gdn {
@@ -144,6 +148,30 @@ TEST(Chunked, LongSequenceWithin1e5) {
   p.final_state_grad = true;
   p.seed = 4096;
   check_against_recurrence(p);
+}
+
+// Fast gates drive the decays and the state through float32's denormal range, which the chunked
+// passes flush to zero (cpu/flush_denormals.h): g = -1.5 on every token of half the heads makes
+// exp(G) fall from e^-1.5 to e^-96 = 2e-42 across a 64-token chunk. The results stay within the
+// float32 tolerance of the float64 recurrence, and the caller's floating-point mode (MXCSR) is the
+// same after a forward and a backward: the flush lives on the op's threads only while it runs.
+TEST(Chunked, DenormalRangeWithinToleranceAndCallersModeKept) {
+  Problem p{.B = 1, .T = 640, .HK = 2, .HV = 4, .K = 32, .V = 32};
+  p.initial_state = true;
+  p.final_state_grad = true;
+  p.seed = 17;
+  ProblemData data = generate(p);
+  for (std::int64_t t = 0; t < p.T; ++t)
+    for (std::int64_t hv = 0; hv < p.HV; hv += 2) core::store(data.g.ref(), t * p.HV + hv, -1.5);
+#if defined(__SSE__)
+  const unsigned mode = _mm_getcsr();
+#endif
+  ProblemResults chunked = run(p, data, Method::chunked, DType::f32);
+#if defined(__SSE__)
+  EXPECT_EQ(_mm_getcsr(), mode);
+#endif
+  ProblemResults oracle = run(p, data, Method::recurrent, DType::f64);
+  expect_close(chunked, oracle, kF32Tolerance, describe(p));
 }
 
 TEST(Chunked, Bf16InputsCloseToRecurrence) {

@@ -15,6 +15,7 @@
 
 #include "cpu/chunk.h"
 #include "cpu/chunked.h"
+#include "cpu/flush_denormals.h"
 
 namespace gdn::cpu {
 namespace {
@@ -41,6 +42,7 @@ void chunked_backward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
   const auto tasks = static_cast<std::int64_t>(seqs.size()) * s.HK;
 #pragma omp parallel
   {
+    const FlushDenormals flush;
     Chunk x;
     // Per value head of the group: the state entering every chunk, every chunk's Vn, dS.
     Buffer states(static_cast<std::size_t>(group * state_stride));

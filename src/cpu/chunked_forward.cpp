@@ -2,6 +2,7 @@
 
 #include "cpu/chunk.h"
 #include "cpu/chunked.h"
+#include "cpu/flush_denormals.h"
 
 namespace gdn::cpu {
 
@@ -16,6 +17,7 @@ void chunked_forward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
   const auto tasks = static_cast<std::int64_t>(seqs.size()) * s.HV;
 #pragma omp parallel
   {
+    const FlushDenormals flush;
     Chunk x;
     Mat S(s.K, s.V), Y, R, O;
 #pragma omp for schedule(dynamic)

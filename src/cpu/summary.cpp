@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "cpu/chunk.h"
+#include "cpu/flush_denormals.h"
 
 namespace gdn::cpu {
 namespace {
@@ -29,6 +30,7 @@ void chunked_summary(const DeltaRuleInputs& in, const DeltaRuleShape& s, std::in
   const std::int64_t K = s.K, V = s.V, width = M ? K + V : V;  // state columns [M | N] or [N]
 #pragma omp parallel
   {
+    const FlushDenormals flush;
     Chunk x;
     Mat S(K, width), R, B;
 #pragma omp for schedule(dynamic)
@@ -70,6 +72,7 @@ void chunked_initial_state_grad(const DeltaRuleInputs& in, const DeltaRuleShape&
   const auto scale = static_cast<float>(in.scale != 0 ? in.scale : 1.0 / std::sqrt(double(K)));
 #pragma omp parallel
   {
+    const FlushDenormals flush;
     Chunk x;
     Mat dS(K, V), dO, dVn;
 #pragma omp for schedule(dynamic)
