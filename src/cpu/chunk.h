@@ -42,15 +42,20 @@ struct Chunk {
 
   // Builds the chunk of tokens [t, t + c) of batch row b for value head hv from packed inputs.
   void prepare(const Packed& p, std::int64_t b, std::int64_t hv, std::int64_t t, std::int64_t n) {
+    prepare(p.keys(b, hv / (p.s.HV / p.s.HK), t), p, b, hv, t, n);
+  }
+
+  // The same with the key head's rows of the chunk from `keys` (Packed's gates all the same).
+  void prepare(const KeyChunk& keys, const Packed& p, std::int64_t b, std::int64_t hv,
+               std::int64_t t, std::int64_t n) {
     c = n;
     K = p.s.K;
     C = p.C;
-    const std::int64_t key_row = p.key_row(b, hv / (p.s.HV / p.s.HK), t);
     const std::int64_t value_row = p.value_row(b, hv, t);
-    q_rows = p.q.data() + key_row * K;
-    k_rows = p.k.data() + key_row * K;
-    kk_rows = p.kk.data() + key_row * C;
-    const ConstBlock qk(p.qk.data() + key_row * C, c, c, Stride(C));
+    q_rows = keys.q;
+    k_rows = keys.k;
+    kk_rows = keys.kk;
+    const ConstBlock qk(keys.qk, c, c, Stride(C));
     H = Eigen::Map<const Vec>(p.H.data() + value_row, c);
     beta = Eigen::Map<const Vec>(p.beta.data() + value_row, c);
     first.resize(static_cast<std::size_t>(c));

@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <vector>
 
 #include "cpu/chunk.h"
 #include "cpu/chunked.h"
@@ -6,48 +7,64 @@
 
 namespace gdn::cpu {
 
+// In parallel over (sequence, key head): each chunk's key rows (q, k normalized, Q K^T, K K^T)
+// are made once, into the thread's scratch, right before the group's value heads read them, so
+// they are read from cache and no T-long copy of q and k is ever written.
 void chunked_forward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
                      const DeltaRuleOutputs& out) {
   const core::Layout at{s};
   const std::vector<Sequence> seqs = sequences(in, s);
   const std::vector<Span> spans = chunk_spans(seqs, in.chunk_size);
-  const Packed p = pack(in, s, spans, seqs);
+  const Packed p = pack(in, s, spans, seqs, /*keys=*/false);
   const auto scale = static_cast<float>(in.scale != 0 ? in.scale : 1.0 / std::sqrt(double(s.K)));
-  const std::int64_t C = in.chunk_size;
-  const auto tasks = static_cast<std::int64_t>(seqs.size()) * s.HV;
+  const std::int64_t C = p.C, group = s.HV / s.HK;
+  const auto tasks = static_cast<std::int64_t>(seqs.size()) * s.HK;
 #pragma omp parallel
   {
     const FlushDenormals flush;
     Chunk x;
-    Mat S(s.K, s.V), Y, R, O;
+    Mat q(C, s.K), k(C, s.K), qk(C, C), kk(C, C), Y, R, O;
+    Vec rq(C), rk(C);
+    std::vector<Mat> states(static_cast<std::size_t>(group), Mat(s.K, s.V));
 #pragma omp for schedule(dynamic)
     for (std::int64_t task = 0; task < tasks; ++task) {
-      const std::int64_t n = task / s.HV, hv = task % s.HV;
+      const std::int64_t n = task / s.HK, hk = task % s.HK;
       const Sequence& seq = seqs[static_cast<std::size_t>(n)];
-      if (in.initial_state.given())
-        core::load_row(in.initial_state, at.state(n, hv), s.K * s.V, S.data());
-      else
-        S.setZero();
+      for (std::int64_t j = 0; j < group; ++j) {
+        Mat& S = states[static_cast<std::size_t>(j)];
+        if (in.initial_state.given())
+          core::load_row(in.initial_state, at.state(n, hk * group + j), s.K * s.V, S.data());
+        else
+          S.setZero();
+      }
       for (std::int64_t t0 = 0; t0 < seq.length; t0 += C) {
         const std::int64_t c = std::min(C, seq.length - t0), t = seq.begin + t0;
-        x.prepare(p, seq.batch, hv, t, c);
-        Y.noalias() = x.X * S;  // [diag(beta e) K S; diag(e) Q S]
-        R.resize(c, s.V);
-        for (std::int64_t i = 0; i < c; ++i)
-          core::load_row(in.v, at.v(seq.batch, t + i, hv), s.V, R.row(i).data());
-        R = x.beta.asDiagonal() * R - Y.topRows(c);
-        // Vn = U - W S = (I + L)^-1 (diag(beta) V - diag(beta e) K S)
-        x.L.triangularView<Eigen::UnitLower>().solveInPlace(R);
-        O = Y.bottomRows(c);
-        O.noalias() += x.P.triangularView<Eigen::Lower>() * R;  // O = scale [diag(e) Q S + P Vn]
-        O *= scale;
-        S *= x.gamma;                         // S' = exp(G_C) S
-        S.noalias() += x.Kf.transpose() * R;  //   + (diag(f) K)^T Vn
-        for (std::int64_t i = 0; i < c; ++i)
-          core::store_row(out.o, at.v(seq.batch, t + i, hv), s.V, O.row(i).data());
+        pack_keys(in, at, seq.batch, hk, t, c, C,
+                  {q.data(), k.data(), rq.data(), rk.data(), qk.data(), kk.data()});
+        for (std::int64_t j = 0; j < group; ++j) {
+          const std::int64_t hv = hk * group + j;
+          Mat& S = states[static_cast<std::size_t>(j)];
+          x.prepare({q.data(), k.data(), qk.data(), kk.data()}, p, seq.batch, hv, t, c);
+          Y.noalias() = x.X * S;  // [diag(beta e) K S; diag(e) Q S]
+          R.resize(c, s.V);
+          for (std::int64_t i = 0; i < c; ++i)
+            core::load_row(in.v, at.v(seq.batch, t + i, hv), s.V, R.row(i).data());
+          R = x.beta.asDiagonal() * R - Y.topRows(c);
+          // Vn = U - W S = (I + L)^-1 (diag(beta) V - diag(beta e) K S)
+          x.L.triangularView<Eigen::UnitLower>().solveInPlace(R);
+          O = Y.bottomRows(c);
+          O.noalias() += x.P.triangularView<Eigen::Lower>() * R;  // O = scale [Qe S + P Vn]
+          O *= scale;
+          S *= x.gamma;                         // S' = exp(G_C) S
+          S.noalias() += x.Kf.transpose() * R;  //   + (diag(f) K)^T Vn
+          for (std::int64_t i = 0; i < c; ++i)
+            core::store_row(out.o, at.v(seq.batch, t + i, hv), s.V, O.row(i).data());
+        }
       }
       if (out.final_state.given())
-        core::store_row(out.final_state, at.state(n, hv), s.K * s.V, S.data());
+        for (std::int64_t j = 0; j < group; ++j)
+          core::store_row(out.final_state, at.state(n, hk * group + j), s.K * s.V,
+                          states[static_cast<std::size_t>(j)].data());
     }
   }
 }

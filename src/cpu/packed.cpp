@@ -25,12 +25,30 @@ std::vector<Span> chunk_spans(const std::vector<Sequence>& seqs, std::int64_t C)
   return spans;
 }
 
+void pack_keys(const DeltaRuleInputs& in, const core::Layout& at, std::int64_t b, std::int64_t hk,
+               std::int64_t t, std::int64_t c, std::int64_t C, const KeyRows& out) {
+  const std::int64_t K = at.s.K;
+  for (std::int64_t i = 0; i < c; ++i) {
+    core::load_row(in.q, at.qk(b, t + i, hk), K, out.q + i * K);
+    core::load_row(in.k, at.qk(b, t + i, hk), K, out.k + i * K);
+    out.rq[i] = in.use_qk_l2norm ? l2_normalize(out.q + i * K, K) : 1.0f;
+    out.rk[i] = in.use_qk_l2norm ? l2_normalize(out.k + i * K, K) : 1.0f;
+  }
+  const Rows Q(out.q, c, K), Kc(out.k, c, K);
+  Block qk(out.qk, c, c, Stride(C));
+  Block kk(out.kk, c, c, Stride(C));
+  qk.triangularView<Eigen::Lower>() = Q * Kc.transpose();
+  kk.triangularView<Eigen::Lower>() = Kc * Kc.transpose();
+  qk.triangularView<Eigen::StrictlyUpper>().setZero();
+  kk.triangularView<Eigen::StrictlyUpper>().setZero();
+}
+
 Packed pack(const DeltaRuleInputs& in, const DeltaRuleShape& s, const std::vector<Span>& spans,
-            const std::vector<Sequence>& seqs) {
+            const std::vector<Sequence>& seqs, bool keys) {
   const core::Layout at{s};
   // No chunk holds more than T tokens: a larger chunk_size must not grow qk and kk beyond T.
   const std::int64_t C = std::min<std::int64_t>(in.chunk_size, s.T), K = s.K, group = s.HV / s.HK;
-  const auto key_rows = static_cast<std::size_t>(s.B * s.HK * s.T);
+  const auto key_rows = keys ? static_cast<std::size_t>(s.B * s.HK * s.T) : 0;
   const auto value_rows = static_cast<std::size_t>(s.B * s.HV * s.T);
   Packed p{.s = s,
            .C = C,
@@ -49,21 +67,12 @@ Packed pack(const DeltaRuleInputs& in, const DeltaRuleShape& s, const std::vecto
     const Span& span = spans[static_cast<std::size_t>(task / s.HK)];
     const Sequence& seq = seqs[static_cast<std::size_t>(span.n)];
     const std::int64_t hk = task % s.HK, b = seq.batch, t = seq.begin + span.t0, c = span.c;
-    const std::int64_t row = p.key_row(b, hk, t);
-    float *q = p.q.data() + row * K, *k = p.k.data() + row * K;
-    for (std::int64_t i = 0; i < c; ++i) {
-      core::load_row(in.q, at.qk(b, t + i, hk), K, q + i * K);
-      core::load_row(in.k, at.qk(b, t + i, hk), K, k + i * K);
-      p.rq[row + i] = in.use_qk_l2norm ? l2_normalize(q + i * K, K) : 1.0f;
-      p.rk[row + i] = in.use_qk_l2norm ? l2_normalize(k + i * K, K) : 1.0f;
+    if (keys) {
+      const std::int64_t row = p.key_row(b, hk, t);
+      pack_keys(in, at, b, hk, t, c, C,
+                {p.q.data() + row * K, p.k.data() + row * K, p.rq.data() + row, p.rk.data() + row,
+                 p.qk.data() + row * C, p.kk.data() + row * C});
     }
-    const Rows Q(q, c, K), Kc(k, c, K);
-    Block qk(p.qk.data() + row * C, c, c, Stride(C));
-    Block kk(p.kk.data() + row * C, c, c, Stride(C));
-    qk.triangularView<Eigen::Lower>() = Q * Kc.transpose();
-    kk.triangularView<Eigen::Lower>() = Kc * Kc.transpose();
-    qk.triangularView<Eigen::StrictlyUpper>().setZero();
-    kk.triangularView<Eigen::StrictlyUpper>().setZero();
     for (std::int64_t hv = hk * group; hv < (hk + 1) * group; ++hv) {
       const std::int64_t first = p.value_row(b, hv, t);
       float running = 0;  // H_i = sum of g_j, j <= i, over the j that are not resets

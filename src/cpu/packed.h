@@ -38,6 +38,22 @@ class Buffer {
   std::unique_ptr<float[], Free> values_;
 };
 
+// One chunk's rows of one key head, laid out as in Packed with the chunk's first row at 0: q, k
+// [c, K] and Q K^T, K K^T [c, C] (row i: row i of the chunk's product, 0 above the diagonal).
+struct KeyChunk {
+  const float *q, *k, *qk, *kk;
+};
+
+// Where pack_keys writes a chunk's key rows, with the l2norm factors rq, rk [c].
+struct KeyRows {
+  float *q, *k, *rq, *rk, *qk, *kk;
+};
+
+// Tokens [t, t + c) of batch row b, key head hk: q, k loaded (and normalized when asked), then
+// Q K^T and K K^T, rows C apart.
+void pack_keys(const DeltaRuleInputs& in, const core::Layout& at, std::int64_t b, std::int64_t hk,
+               std::int64_t t, std::int64_t c, std::int64_t C, const KeyRows& out);
+
 struct Packed {
   DeltaRuleShape s;
   std::int64_t C;
@@ -53,10 +69,15 @@ struct Packed {
   std::int64_t value_row(std::int64_t b, std::int64_t hv, std::int64_t t) const {
     return (b * s.HV + hv) * s.T + t;
   }
+  KeyChunk keys(std::int64_t b, std::int64_t hk, std::int64_t t) const {
+    const std::int64_t row = key_row(b, hk, t);
+    return {q.data() + row * s.K, k.data() + row * s.K, qk.data() + row * C, kk.data() + row * C};
+  }
 };
 
-// Fills every field, in parallel over (chunk, key head).
+// Fills every field, in parallel over (chunk, key head); without `keys`, only the value heads'
+// (H, beta, reset), for a caller that packs each chunk's key rows itself when it needs them.
 Packed pack(const DeltaRuleInputs& in, const DeltaRuleShape& s, const std::vector<Span>& spans,
-            const std::vector<Sequence>& seqs);
+            const std::vector<Sequence>& seqs, bool keys = true);
 
 }  // namespace gdn::cpu
