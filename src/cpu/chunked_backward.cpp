@@ -33,9 +33,9 @@ void chunked_backward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
   const core::Layout at{s};
   const std::vector<Sequence> seqs = sequences(in, s);
   const std::vector<Span> spans = chunk_spans(seqs, in.chunk_size);
-  const Packed p = pack(in, s, spans, seqs);
+  const Packed p = pack(in, s, spans, seqs, /*keys=*/false);  // key rows: chunk by chunk below
   const auto scale = static_cast<float>(in.scale != 0 ? in.scale : 1.0 / std::sqrt(double(s.K)));
-  const std::int64_t C = in.chunk_size, K = s.K, V = s.V, KV = K * V, group = s.HV / s.HK;
+  const std::int64_t C = p.C, K = s.K, V = s.V, KV = K * V, group = s.HV / s.HK;
   std::int64_t longest = 0;
   for (const Sequence& seq : seqs) longest = std::max(longest, seq.length);
   const std::int64_t state_stride = ((longest + C - 1) / C + 1) * KV, vn_stride = longest * V;
@@ -48,6 +48,12 @@ void chunked_backward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
     Buffer states(static_cast<std::size_t>(group * state_stride));
     Buffer vns(static_cast<std::size_t>(group * vn_stride));
     std::vector<Mat> dS(static_cast<std::size_t>(group), Mat(K, V));
+    // The chunk's key rows (pack_keys), made once for the group's value heads in each pass.
+    Mat q_rows(C, K), k_rows(C, K), qk(C, C), kk(C, C);
+    Vec rq(C), rk(C);
+    const KeyRows key_rows{q_rows.data(), k_rows.data(), rq.data(),
+                           rk.data(),     qk.data(),     kk.data()};
+    const KeyChunk keys{q_rows.data(), k_rows.data(), qk.data(), kk.data()};
     Mat dS_in, Y, D, dvn, dlp, dx, dkf, v, dq, dk, t_pair, m2, dl, dpd;
     Vec dG, dbeta;
 #pragma omp for schedule(dynamic)
@@ -58,18 +64,22 @@ void chunked_backward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
 
       // Forward once more, keeping the state entering each chunk and each chunk's Vn.
       for (std::int64_t j = 0; j < group; ++j) {
-        const std::int64_t hv = hk * group + j;
         float* state = states.data() + j * state_stride;
         if (in.initial_state.given())
-          core::load_row(in.initial_state, at.state(n, hv), KV, state);
+          core::load_row(in.initial_state, at.state(n, hk * group + j), KV, state);
         else
           std::fill_n(state, KV, 0.0f);
-        for (std::int64_t ci = 0; ci < chunks; ++ci) {
-          const std::int64_t t0 = ci * C, c = std::min(C, seq.length - t0), t = seq.begin + t0;
+      }
+      for (std::int64_t ci = 0; ci < chunks; ++ci) {
+        const std::int64_t t0 = ci * C, c = std::min(C, seq.length - t0), t = seq.begin + t0;
+        pack_keys(in, at, b, hk, t, c, C, key_rows);
+        for (std::int64_t j = 0; j < group; ++j) {
+          const std::int64_t hv = hk * group + j;
+          const float* state = states.data() + j * state_stride;
           const Rows S(state + ci * KV, K, V);
-          MutableRows next(state + (ci + 1) * KV, K, V),
+          MutableRows next(states.data() + j * state_stride + (ci + 1) * KV, K, V),
               vn(vns.data() + j * vn_stride + t0 * V, c, V);
-          x.prepare(p, b, hv, t, c);
+          x.prepare(keys, p, b, hv, t, c);
           Y.noalias() = x.X.topRows(c) * S;
           for (std::int64_t i = 0; i < c; ++i)
             core::load_row(in.v, at.v(b, t + i, hv), V, vn.row(i).data());
@@ -78,21 +88,23 @@ void chunked_backward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
           next = x.gamma * S;
           next.noalias() += x.Kf.transpose() * vn;
         }
+      }
+      for (std::int64_t j = 0; j < group; ++j)
         if (gr.d_final_state.given())
-          core::load_row(gr.d_final_state, at.state(n, hv), KV, dS[j].data());
+          core::load_row(gr.d_final_state, at.state(n, hk * group + j), KV, dS[j].data());
         else
           dS[j].setZero();
-      }
 
       for (std::int64_t ci = chunks - 1; ci >= 0; --ci) {
         const std::int64_t t0 = ci * C, c = std::min(C, seq.length - t0), t = seq.begin + t0;
+        pack_keys(in, at, b, hk, t, c, C, key_rows);
         dq.setZero(c, K);  // summed over the group's value heads
         dk.setZero(c, K);
         for (std::int64_t j = 0; j < group; ++j) {
           const std::int64_t hv = hk * group + j;
           const Rows S(states.data() + j * state_stride + ci * KV, K, V);
           const Rows vn(vns.data() + j * vn_stride + t0 * V, c, V);
-          x.prepare(p, b, hv, t, c);
+          x.prepare(keys, p, b, hv, t, c);
           const Rows q = x.q(), k = x.k();
           D.resize(2 * c, V);
           v.resize(c, V);
@@ -160,11 +172,10 @@ void chunked_backward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
         }
 
         // Back through the l2norm of the key head's rows, then out.
-        const std::int64_t row = p.key_row(b, hk, t);
         for (std::int64_t i = 0; i < c; ++i) {
           if (in.use_qk_l2norm) {
-            l2_normalize_backward(p.q.data() + (row + i) * K, p.rq[row + i], dq.row(i).data(), K);
-            l2_normalize_backward(p.k.data() + (row + i) * K, p.rk[row + i], dk.row(i).data(), K);
+            l2_normalize_backward(q_rows.row(i).data(), rq[i], dq.row(i).data(), K);
+            l2_normalize_backward(k_rows.row(i).data(), rk[i], dk.row(i).data(), K);
           }
           core::store_row(gr.dq, at.qk(b, t + i, hk), K, dq.row(i).data());
           core::store_row(gr.dk, at.qk(b, t + i, hk), K, dk.row(i).data());
