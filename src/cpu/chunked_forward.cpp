@@ -1,3 +1,5 @@
+#include <omp.h>
+
 #include <algorithm>
 #include <vector>
 
@@ -9,7 +11,9 @@ namespace gdn::cpu {
 
 // In parallel over (sequence, key head): each chunk's key rows (q, k normalized, Q K^T, K K^T)
 // are made once, into the thread's scratch, right before the group's value heads read them, so
-// they are read from cache and no T-long copy of q and k is ever written.
+// they are read from cache and no T-long copy of q and k is ever written. With fewer (sequence,
+// key head) pairs than threads, each pair's value heads are split into `parts` tasks, each making
+// the key rows itself.
 void chunked_forward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
                      const DeltaRuleOutputs& out) {
   const core::Layout at{s};
@@ -18,7 +22,9 @@ void chunked_forward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
   const Packed p = pack(in, s, spans, seqs, /*keys=*/false);
   const auto scale = static_cast<float>(in.scale != 0 ? in.scale : 1.0 / std::sqrt(double(s.K)));
   const std::int64_t C = p.C, group = s.HV / s.HK;
-  const auto tasks = static_cast<std::int64_t>(seqs.size()) * s.HK;
+  const auto pairs = std::max<std::int64_t>(static_cast<std::int64_t>(seqs.size()) * s.HK, 1);
+  const std::int64_t threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  const std::int64_t parts = std::min(group, (threads + pairs - 1) / pairs), tasks = pairs * parts;
 #pragma omp parallel
   {
     const FlushDenormals flush;
@@ -28,9 +34,10 @@ void chunked_forward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
     std::vector<Mat> states(static_cast<std::size_t>(group), Mat(s.K, s.V));
 #pragma omp for schedule(dynamic)
     for (std::int64_t task = 0; task < tasks; ++task) {
-      const std::int64_t n = task / s.HK, hk = task % s.HK;
+      const std::int64_t n = task / parts / s.HK, hk = task / parts % s.HK, part = task % parts;
+      const std::int64_t j0 = part * group / parts, j1 = (part + 1) * group / parts;
       const Sequence& seq = seqs[static_cast<std::size_t>(n)];
-      for (std::int64_t j = 0; j < group; ++j) {
+      for (std::int64_t j = j0; j < j1; ++j) {
         Mat& S = states[static_cast<std::size_t>(j)];
         if (in.initial_state.given())
           core::load_row(in.initial_state, at.state(n, hk * group + j), s.K * s.V, S.data());
@@ -41,7 +48,7 @@ void chunked_forward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
         const std::int64_t c = std::min(C, seq.length - t0), t = seq.begin + t0;
         pack_keys(in, at, seq.batch, hk, t, c, C,
                   {q.data(), k.data(), rq.data(), rk.data(), qk.data(), kk.data()});
-        for (std::int64_t j = 0; j < group; ++j) {
+        for (std::int64_t j = j0; j < j1; ++j) {
           const std::int64_t hv = hk * group + j;
           Mat& S = states[static_cast<std::size_t>(j)];
           x.prepare({q.data(), k.data(), qk.data(), kk.data()}, p, seq.batch, hv, t, c);
@@ -62,7 +69,7 @@ void chunked_forward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
         }
       }
       if (out.final_state.given())
-        for (std::int64_t j = 0; j < group; ++j)
+        for (std::int64_t j = j0; j < j1; ++j)
           core::store_row(out.final_state, at.state(n, hk * group + j), s.K * s.V,
                           states[static_cast<std::size_t>(j)].data());
     }
