@@ -19,6 +19,16 @@ using Stride = Eigen::OuterStride<>;
 using Block = Eigen::Map<Mat, 0, Stride>;  // a chunk's c x c block of a [.., T, C] field
 using ConstBlock = Eigen::Map<const Mat, 0, Stride>;
 
+// A thread's scratch for one chunk's key rows: pack_keys writes rows(), Chunk::prepare reads
+// chunk(). Sized for chunks of up to C tokens.
+struct KeyScratch {
+  Mat q, k, qk, kk;  // [C, K], [C, K], [C, C], [C, C]
+  Vec rq, rk;        // [C]
+  KeyScratch(std::int64_t C, std::int64_t K) : q(C, K), k(C, K), qk(C, C), kk(C, C), rq(C), rk(C) {}
+  KeyRows rows() { return {q.data(), k.data(), rq.data(), rk.data(), qk.data(), kk.data()}; }
+  KeyChunk chunk() const { return {q.data(), k.data(), qk.data(), kk.data()}; }
+};
+
 struct Chunk {
   std::int64_t c = 0, K = 0, C = 0;
   const float *q_rows = nullptr, *k_rows = nullptr, *kk_rows = nullptr;

@@ -48,12 +48,7 @@ void chunked_backward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
     Buffer states(static_cast<std::size_t>(group * state_stride));
     Buffer vns(static_cast<std::size_t>(group * vn_stride));
     std::vector<Mat> dS(static_cast<std::size_t>(group), Mat(K, V));
-    // The chunk's key rows (pack_keys), made once for the group's value heads in each pass.
-    Mat q_rows(C, K), k_rows(C, K), qk(C, C), kk(C, C);
-    Vec rq(C), rk(C);
-    const KeyRows key_rows{q_rows.data(), k_rows.data(), rq.data(),
-                           rk.data(),     qk.data(),     kk.data()};
-    const KeyChunk keys{q_rows.data(), k_rows.data(), qk.data(), kk.data()};
+    KeyScratch keys(C, K);  // the chunk's key rows, made once per pass for the group
     Mat dS_in, Y, D, dvn, dlp, dx, dkf, v, dq, dk, t_pair, m2, dl, dpd;
     Vec dG, dbeta;
 #pragma omp for schedule(dynamic)
@@ -72,14 +67,14 @@ void chunked_backward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
       }
       for (std::int64_t ci = 0; ci < chunks; ++ci) {
         const std::int64_t t0 = ci * C, c = std::min(C, seq.length - t0), t = seq.begin + t0;
-        pack_keys(in, at, b, hk, t, c, C, key_rows);
+        pack_keys(in, at, b, hk, t, c, C, keys.rows());
         for (std::int64_t j = 0; j < group; ++j) {
           const std::int64_t hv = hk * group + j;
-          const float* state = states.data() + j * state_stride;
+          float* state = states.data() + j * state_stride;
           const Rows S(state + ci * KV, K, V);
-          MutableRows next(states.data() + j * state_stride + (ci + 1) * KV, K, V),
+          MutableRows next(state + (ci + 1) * KV, K, V),
               vn(vns.data() + j * vn_stride + t0 * V, c, V);
-          x.prepare(keys, p, b, hv, t, c);
+          x.prepare(keys.chunk(), p, b, hv, t, c);
           Y.noalias() = x.X.topRows(c) * S;
           for (std::int64_t i = 0; i < c; ++i)
             core::load_row(in.v, at.v(b, t + i, hv), V, vn.row(i).data());
@@ -97,14 +92,14 @@ void chunked_backward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
 
       for (std::int64_t ci = chunks - 1; ci >= 0; --ci) {
         const std::int64_t t0 = ci * C, c = std::min(C, seq.length - t0), t = seq.begin + t0;
-        pack_keys(in, at, b, hk, t, c, C, key_rows);
+        pack_keys(in, at, b, hk, t, c, C, keys.rows());
         dq.setZero(c, K);  // summed over the group's value heads
         dk.setZero(c, K);
         for (std::int64_t j = 0; j < group; ++j) {
           const std::int64_t hv = hk * group + j;
           const Rows S(states.data() + j * state_stride + ci * KV, K, V);
           const Rows vn(vns.data() + j * vn_stride + t0 * V, c, V);
-          x.prepare(keys, p, b, hv, t, c);
+          x.prepare(keys.chunk(), p, b, hv, t, c);
           const Rows q = x.q(), k = x.k();
           D.resize(2 * c, V);
           v.resize(c, V);
@@ -174,8 +169,8 @@ void chunked_backward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
         // Back through the l2norm of the key head's rows, then out.
         for (std::int64_t i = 0; i < c; ++i) {
           if (in.use_qk_l2norm) {
-            l2_normalize_backward(q_rows.row(i).data(), rq[i], dq.row(i).data(), K);
-            l2_normalize_backward(k_rows.row(i).data(), rk[i], dk.row(i).data(), K);
+            l2_normalize_backward(keys.q.row(i).data(), keys.rq[i], dq.row(i).data(), K);
+            l2_normalize_backward(keys.k.row(i).data(), keys.rk[i], dk.row(i).data(), K);
           }
           core::store_row(gr.dq, at.qk(b, t + i, hk), K, dq.row(i).data());
           core::store_row(gr.dk, at.qk(b, t + i, hk), K, dk.row(i).data());

@@ -29,8 +29,8 @@ void chunked_forward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
   {
     const FlushDenormals flush;
     Chunk x;
-    Mat q(C, s.K), k(C, s.K), qk(C, C), kk(C, C), Y, R, O;
-    Vec rq(C), rk(C);
+    KeyScratch keys(C, s.K);
+    Mat Y, R, O;
     std::vector<Mat> states(static_cast<std::size_t>(group), Mat(s.K, s.V));
 #pragma omp for schedule(dynamic)
     for (std::int64_t task = 0; task < tasks; ++task) {
@@ -46,12 +46,11 @@ void chunked_forward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
       }
       for (std::int64_t t0 = 0; t0 < seq.length; t0 += C) {
         const std::int64_t c = std::min(C, seq.length - t0), t = seq.begin + t0;
-        pack_keys(in, at, seq.batch, hk, t, c, C,
-                  {q.data(), k.data(), rq.data(), rk.data(), qk.data(), kk.data()});
+        pack_keys(in, at, seq.batch, hk, t, c, C, keys.rows());
         for (std::int64_t j = j0; j < j1; ++j) {
           const std::int64_t hv = hk * group + j;
           Mat& S = states[static_cast<std::size_t>(j)];
-          x.prepare({q.data(), k.data(), qk.data(), kk.data()}, p, seq.batch, hv, t, c);
+          x.prepare(keys.chunk(), p, seq.batch, hv, t, c);
           Y.noalias() = x.X * S;  // [diag(beta e) K S; diag(e) Q S]
           R.resize(c, s.V);
           for (std::int64_t i = 0; i < c; ++i)
