@@ -16,6 +16,7 @@
 #include "cpu/chunk.h"
 #include "cpu/chunked.h"
 #include "cpu/flush_denormals.h"
+#include "cpu/gemm.h"
 
 namespace gdn::cpu {
 namespace {
@@ -50,6 +51,7 @@ void chunked_backward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
     std::vector<Mat> dS(static_cast<std::size_t>(group), Mat(K, V));
     KeyScratch keys(C, K);  // the chunk's key rows, made once per pass for the group
     Mat dS_in, Y, D, dvn, dlp, dx, dkf, v, dq, dk, t_pair, m2, dl, dpd;
+    Mat S_t(V, K), dS_t(V, K), vn_t(V, C);  // S^T, dS^T, Vn^T: the B of A B^T products
     Vec dG, dbeta;
 #pragma omp for schedule(dynamic)
     for (std::int64_t task = 0; task < tasks; ++task) {
@@ -75,13 +77,14 @@ void chunked_backward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
           MutableRows next(state + (ci + 1) * KV, K, V),
               vn(vns.data() + j * vn_stride + t0 * V, c, V);
           x.prepare(keys.chunk(), p, b, hv, t, c);
-          Y.noalias() = x.X.topRows(c) * S;
+          Y.resize(c, V);
+          gemm<Op::N>(c, V, K, x.X.data(), K, S.data(), V, Y.data(), V, false);
           for (std::int64_t i = 0; i < c; ++i)
             core::load_row(in.v, at.v(b, t + i, hv), V, vn.row(i).data());
           vn = x.beta.asDiagonal() * vn - Y;
           x.L.triangularView<Eigen::UnitLower>().solveInPlace(vn);
           next = x.gamma * S;
-          next.noalias() += x.Kf.transpose() * vn;
+          gemm<Op::T>(K, V, c, x.Kf.data(), K, vn.data(), V, next.data(), V, true);
         }
       }
       for (std::int64_t j = 0; j < group; ++j)
@@ -111,14 +114,20 @@ void chunked_backward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
 
           // O = scale (Qe S + P Vn), S' = gamma S + Kf^T Vn, Vn = (I + L)^-1 R
           dvn.noalias() = x.P.triangularView<Eigen::Lower>().transpose() * D.bottomRows(c);
-          dvn.noalias() += x.Kf * dS[j];
+          gemm<Op::N>(c, V, K, x.Kf.data(), K, dS[j].data(), V, dvn.data(), V, true);
           x.L.triangularView<Eigen::UnitLower>().transpose().solveInPlace(dvn);  // dR
           D.topRows(c) = -dvn;
-          dlp.noalias() = D * vn.transpose();  // [dL; dP] = [-dR; scale dO] Vn^T
-          dx.noalias() = D * S.transpose();    // [dKb; dQe] = D S^T
+          transpose(c, V, vn.data(), V, vn_t.data(), c);
+          transpose(K, V, S.data(), V, S_t.data(), K);
+          transpose(K, V, dS[j].data(), V, dS_t.data(), K);
+          dlp.resize(2 * c, c);  // [dL; dP] = [-dR; scale dO] Vn^T
+          gemm<Op::N>(2 * c, c, V, D.data(), V, vn_t.data(), c, dlp.data(), c, false);
+          dx.resize(2 * c, K);  // [dKb; dQe] = D S^T
+          gemm<Op::N>(2 * c, K, V, D.data(), V, S_t.data(), K, dx.data(), K, false);
           dS_in = x.gamma * dS[j];
-          dS_in.noalias() += x.X.transpose() * D;
-          dkf.noalias() = vn * dS[j].transpose();
+          gemm<Op::T>(K, V, 2 * c, x.X.data(), K, D.data(), V, dS_in.data(), V, true);
+          dkf.resize(c, K);
+          gemm<Op::N>(c, K, V, vn.data(), V, dS_t.data(), K, dkf.data(), K, false);
 
           // R = diag(beta) V - Kb S,  Kb = diag(beta e) K,  Qe = diag(e) Q,  Kf = diag(f) K
           const Vec k_dkb = k.cwiseProduct(dx.topRows(c)).rowwise().sum();
@@ -134,8 +143,8 @@ void chunked_backward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
 
           // P = (Q K^T) * decay
           dpd = dlp.bottomRows(c).cwiseProduct(x.decay);
-          dq.noalias() += dpd.triangularView<Eigen::Lower>() * k;
-          dk.noalias() += dpd.triangularView<Eigen::Lower>().transpose() * q;
+          gemm<Op::N>(c, K, c, dpd.data(), c, k.data(), K, dq.data(), K, true);  // lower: dense
+          gemm<Op::T>(c, K, c, dpd.data(), c, q.data(), K, dk.data(), K, true);
           t_pair = dlp.bottomRows(c).cwiseProduct(x.P);
           add_pair_terms(t_pair, dG);
 
@@ -145,7 +154,7 @@ void chunked_backward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
           dbeta += m2.rowwise().sum();
           dl = x.beta.asDiagonal() * dl;
           dl += dl.transpose().eval();
-          dk.noalias() += dl * k;
+          gemm<Op::N>(c, K, c, dl.data(), c, k.data(), K, dk.data(), K, true);
           t_pair = x.beta.asDiagonal() * m2;
           add_pair_terms(t_pair, dG);
 

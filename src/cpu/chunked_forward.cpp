@@ -6,6 +6,7 @@
 #include "cpu/chunk.h"
 #include "cpu/chunked.h"
 #include "cpu/flush_denormals.h"
+#include "cpu/gemm.h"
 
 namespace gdn::cpu {
 
@@ -51,7 +52,8 @@ void chunked_forward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
           const std::int64_t hv = hk * group + j;
           Mat& S = states[static_cast<std::size_t>(j)];
           x.prepare(keys.chunk(), p, seq.batch, hv, t, c);
-          Y.noalias() = x.X * S;  // [diag(beta e) K S; diag(e) Q S]
+          Y.resize(2 * c, s.V);  // [diag(beta e) K S; diag(e) Q S]
+          gemm<Op::N>(2 * c, s.V, s.K, x.X.data(), s.K, S.data(), s.V, Y.data(), s.V, false);
           R.resize(c, s.V);
           for (std::int64_t i = 0; i < c; ++i)
             core::load_row(in.v, at.v(seq.batch, t + i, hv), s.V, R.row(i).data());
@@ -61,8 +63,8 @@ void chunked_forward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
           O = Y.bottomRows(c);
           O.noalias() += x.P.triangularView<Eigen::Lower>() * R;  // O = scale [Qe S + P Vn]
           O *= scale;
-          S *= x.gamma;                         // S' = exp(G_C) S
-          S.noalias() += x.Kf.transpose() * R;  //   + (diag(f) K)^T Vn
+          // S' = exp(G_C) S + (diag(f) K)^T Vn
+          gemm<Op::T>(s.K, s.V, c, x.Kf.data(), s.K, R.data(), s.V, S.data(), s.V, true, x.gamma);
           for (std::int64_t i = 0; i < c; ++i)
             core::store_row(out.o, at.v(seq.batch, t + i, hv), s.V, O.row(i).data());
         }

@@ -1,0 +1,160 @@
+#pragma once
+// The chunked passes' dense products, float32, on row-major matrices given by pointer and
+// leading dimension (element (i, j) of X at x[i * ldx + j]):
+//   gemm<Op::N>: C = A B      or, accumulating, C = beta C + A B      A [m, k]
+//   gemm<Op::T>: C = A^T B    or, accumulating, C = beta C + A^T B    A stored [k, m]
+// with B [k, n] and C [m, n]; without accumulating, C is not read. A B^T is gemm<Op::N> on a
+// transposed copy of B (transpose()).
+//
+// Why not Eigen's general product: at the op's shapes (m, n, k in {64, 128}) Eigen packs both
+// operands into panels on every call and reached about 55% of the FMA peak. Here B's rows are
+// read in place (a k x 32 panel, 16 KiB at k = 128, stays in L1 across the row tiles) and A's
+// elements are broadcast straight from memory, row-major or transposed alike: no packing.
+//
+// With AVX-512: 8 x 32 tiles of C in 16 registers, each k step 2 loads of B, 8 broadcasts of A
+// and 16 FMAs; masks cover n not a multiple of 32, a shorter tile the last m % 8 rows. Without:
+// the same loops in plain C++, which the compiler vectorizes over n. Both sum over k in order
+// 0, 1, ..., k - 1, one FMA per term.
+
+#include <cstdint>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace gdn::cpu {
+
+enum class Op { N, T };
+
+namespace gemm_detail {
+
+// Element (i, p) of op(A).
+template <Op op>
+inline const float* a_at(const float* a, std::int64_t lda, std::int64_t i, std::int64_t p) {
+  return op == Op::N ? a + i * lda + p : a + p * lda + i;
+}
+
+#if defined(__AVX512F__)
+inline __mmask16 lanes(std::int64_t n) {
+  return n >= 16 ? __mmask16(0xFFFF) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1);
+}
+
+// Rows [0, MR) and columns [0, 16 NV) of C, column block v masked by m[v].
+template <Op op, int MR, int NV>
+inline void tile(std::int64_t k, const float* a, std::int64_t lda, const float* b, std::int64_t ldb,
+                 bool accumulate, float beta, float* c, std::int64_t ldc, const __mmask16* m) {
+  __m512 acc[MR][NV];  // the loops over i and v unrolled, so that these live in registers
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 16
+    for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_setzero_ps();
+  for (std::int64_t p = 0; p < k; ++p) {
+    __m512 bv[NV];
+#pragma GCC unroll 16
+    for (int v = 0; v < NV; ++v) bv[v] = _mm512_maskz_loadu_ps(m[v], b + p * ldb + 16 * v);
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      const __m512 ai = _mm512_set1_ps(*a_at<op>(a, lda, i, p));
+#pragma GCC unroll 16
+      for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_fmadd_ps(ai, bv[v], acc[i][v]);
+    }
+  }
+  const __m512 scale = _mm512_set1_ps(beta);
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 16
+    for (int v = 0; v < NV; ++v) {
+      float* at = c + i * ldc + 16 * v;
+      if (accumulate)
+        acc[i][v] = _mm512_fmadd_ps(scale, _mm512_maskz_loadu_ps(m[v], at), acc[i][v]);
+      _mm512_mask_storeu_ps(at, m[v], acc[i][v]);
+    }
+}
+
+template <Op op, int MR, int NV>
+inline void tail_tile(std::int64_t rows, std::int64_t k, const float* a, std::int64_t lda,
+                      const float* b, std::int64_t ldb, bool accumulate, float beta, float* c,
+                      std::int64_t ldc, const __mmask16* m) {
+  if constexpr (MR > 0) {
+    if (rows == MR) return tile<op, MR, NV>(k, a, lda, b, ldb, accumulate, beta, c, ldc, m);
+    tail_tile<op, MR - 1, NV>(rows, k, a, lda, b, ldb, accumulate, beta, c, ldc, m);
+  }
+}
+#endif
+
+}  // namespace gemm_detail
+
+template <Op op>
+void gemm(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda,
+          const float* b, std::int64_t ldb, float* c, std::int64_t ldc, bool accumulate,
+          float beta = 1.0f) {
+  using gemm_detail::a_at;
+#if defined(__AVX512F__)
+  constexpr int kRows = 8, kCols = 2;
+  for (std::int64_t j = 0; j < n; j += 16 * kCols) {
+    __mmask16 mask[kCols];
+    for (int v = 0; v < kCols; ++v) mask[v] = gemm_detail::lanes(n - j - 16 * v);
+    std::int64_t i = 0;
+    for (; i + kRows <= m; i += kRows)
+      gemm_detail::tile<op, kRows, kCols>(k, a_at<op>(a, lda, i, 0), lda, b + j, ldb, accumulate,
+                                          beta, c + i * ldc + j, ldc, mask);
+    if (i < m)
+      gemm_detail::tail_tile<op, kRows - 1, kCols>(m - i, k, a_at<op>(a, lda, i, 0), lda, b + j,
+                                                   ldb, accumulate, beta, c + i * ldc + j, ldc,
+                                                   mask);
+  }
+#else
+  for (std::int64_t i = 0; i < m; ++i) {
+    float* row = c + i * ldc;
+    for (std::int64_t j = 0; j < n; ++j) row[j] = accumulate ? beta * row[j] : 0.0f;
+    for (std::int64_t p = 0; p < k; ++p) {
+      const float x = *a_at<op>(a, lda, i, p);
+      const float* brow = b + p * ldb;
+      for (std::int64_t j = 0; j < n; ++j) row[j] += x * brow[j];
+    }
+  }
+#endif
+}
+
+// out [cols, rows] = A^T, A [rows, cols]; leading dimensions lda, ldo.
+inline void transpose(std::int64_t rows, std::int64_t cols, const float* a, std::int64_t lda,
+                      float* out, std::int64_t ldo) {
+  std::int64_t i = 0;
+#if defined(__AVX512F__)
+  // 16 x 16 blocks in registers: pairs of rows interleaved, then 4-lane groups, then 128-bit
+  // lanes twice.
+  for (; i + 16 <= rows; i += 16) {
+    std::int64_t j = 0;
+    for (; j + 16 <= cols; j += 16) {
+      __m512 r[16], t[16];
+      for (int x = 0; x < 16; ++x) r[x] = _mm512_loadu_ps(a + (i + x) * lda + j);
+      for (int x = 0; x < 16; x += 2) {
+        t[x] = _mm512_unpacklo_ps(r[x], r[x + 1]);
+        t[x + 1] = _mm512_unpackhi_ps(r[x], r[x + 1]);
+      }
+      for (int x = 0; x < 16; x += 4) {
+        r[x] = _mm512_shuffle_ps(t[x], t[x + 2], 0x44);
+        r[x + 1] = _mm512_shuffle_ps(t[x], t[x + 2], 0xEE);
+        r[x + 2] = _mm512_shuffle_ps(t[x + 1], t[x + 3], 0x44);
+        r[x + 3] = _mm512_shuffle_ps(t[x + 1], t[x + 3], 0xEE);
+      }
+      for (int x = 0; x < 16; x += 8)
+        for (int y = 0; y < 4; ++y) {
+          t[x + y] = _mm512_shuffle_f32x4(r[x + y], r[x + y + 4], 0x88);
+          t[x + y + 4] = _mm512_shuffle_f32x4(r[x + y], r[x + y + 4], 0xDD);
+        }
+      for (int y = 0; y < 8; ++y) {
+        r[y] = _mm512_shuffle_f32x4(t[y], t[y + 8], 0x88);
+        r[y + 8] = _mm512_shuffle_f32x4(t[y], t[y + 8], 0xDD);
+      }
+      for (int x = 0; x < 16; ++x) _mm512_storeu_ps(out + (j + x) * ldo + i, r[x]);
+    }
+    for (; j < cols; ++j)
+      for (int x = 0; x < 16; ++x) out[j * ldo + i + x] = a[(i + x) * lda + j];
+  }
+#endif
+  for (; i < rows; ++i)
+    for (std::int64_t j = 0; j < cols; ++j) out[j * ldo + i] = a[i * lda + j];
+}
+
+}  // namespace gdn::cpu

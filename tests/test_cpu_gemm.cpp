@@ -1,0 +1,88 @@
+// The CPU passes' dense products (src/cpu/gemm.h) against a float64 reference on random inputs:
+// the op's shapes and odd ones (tails of the 8 x 32 tiles), leading dimensions wider than the
+// matrices, C overwritten (never read: NaN there stays out) or accumulated into, A as is and
+// transposed; and the transpose, exactly.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "cpu/gemm.h"
+
+namespace gdn::cpu {
+namespace {
+
+std::vector<float> random_floats(std::size_t n, std::mt19937& rng) {
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> x(n);
+  for (float& v : x) v = u(rng);
+  return x;
+}
+
+template <Op op>
+void check(std::int64_t m, std::int64_t n, std::int64_t k, bool accumulate, float beta,
+           std::mt19937& rng) {
+  const std::int64_t pad = 3;  // leading dimensions wider than the rows
+  const std::int64_t a_rows = op == Op::N ? m : k, a_cols = op == Op::N ? k : m;
+  const std::int64_t lda = a_cols + pad, ldb = n + pad, ldc = n + pad;
+  const std::vector<float> a = random_floats(std::size_t(a_rows * lda), rng);
+  const std::vector<float> b = random_floats(std::size_t(k * ldb), rng);
+  std::vector<float> c = random_floats(std::size_t(m * ldc), rng);
+  if (!accumulate) std::fill(c.begin(), c.end(), std::numeric_limits<float>::quiet_NaN());
+  const std::vector<float> c0 = c;
+  gemm<op>(m, n, k, a.data(), lda, b.data(), ldb, c.data(), ldc, accumulate, beta);
+  for (std::int64_t i = 0; i < m; ++i)
+    for (std::int64_t j = 0; j < ldc; ++j) {
+      const float got = c[std::size_t(i * ldc + j)];
+      if (j >= n) {  // the padding is left alone
+        EXPECT_TRUE(std::isnan(got) ? std::isnan(c0[std::size_t(i * ldc + j)])
+                                    : got == c0[std::size_t(i * ldc + j)]);
+        continue;
+      }
+      double want = accumulate ? double(beta) * c0[std::size_t(i * ldc + j)] : 0.0;
+      double bound = std::abs(want);
+      for (std::int64_t p = 0; p < k; ++p) {
+        const double x = op == Op::N ? a[std::size_t(i * lda + p)] : a[std::size_t(p * lda + i)];
+        want += x * b[std::size_t(p * ldb + j)];
+        bound += std::abs(x * b[std::size_t(p * ldb + j)]);
+      }
+      // float32's worst case for k + 1 FMAs in a row, far below the error of one term left out.
+      const double tol = 2.0 * double(k + 1) * std::numeric_limits<float>::epsilon() * bound;
+      ASSERT_NEAR(got, want, tol) << "m=" << m << " n=" << n << " k=" << k
+                                  << " accumulate=" << accumulate << " beta=" << beta
+                                  << " op=" << (op == Op::N ? "N" : "T") << " at " << i << "," << j;
+    }
+}
+
+TEST(CpuGemm, MatchesFloat64) {
+  std::mt19937 rng(14);
+  const std::int64_t sizes[] = {1, 7, 8, 9, 16, 17, 31, 33, 64, 128};
+  for (const std::int64_t m : sizes)
+    for (const std::int64_t n : sizes)
+      for (const std::int64_t k : {1, 5, 64, 128})
+        for (const float beta : {0.0f, 1.0f, 0.75f}) {
+          const bool accumulate = beta != 0.0f;
+          check<Op::N>(m, n, k, accumulate, beta, rng);
+          check<Op::T>(m, n, k, accumulate, beta, rng);
+        }
+}
+
+TEST(CpuGemm, TransposeIsExact) {
+  std::mt19937 rng(15);
+  for (const std::int64_t rows : {1, 15, 16, 17, 33, 64, 128})
+    for (const std::int64_t cols : {1, 3, 16, 31, 64, 128}) {
+      const std::int64_t lda = cols + 5, ldo = rows + 2;
+      const std::vector<float> a = random_floats(std::size_t(rows * lda), rng);
+      std::vector<float> out(std::size_t(cols * ldo), -7.0f);
+      transpose(rows, cols, a.data(), lda, out.data(), ldo);
+      for (std::int64_t j = 0; j < cols; ++j)
+        for (std::int64_t i = 0; i < ldo; ++i)
+          ASSERT_EQ(out[std::size_t(j * ldo + i)], i < rows ? a[std::size_t(i * lda + j)] : -7.0f)
+              << rows << "x" << cols << " at " << j << "," << i;
+    }
+}
+
+}  // namespace
+}  // namespace gdn::cpu
