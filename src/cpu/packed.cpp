@@ -10,11 +10,14 @@
 namespace gdn::cpu {
 
 Buffer::Buffer(std::size_t n) {
-  constexpr std::size_t kHuge = std::size_t{2} << 20;
-  const std::size_t bytes = (n * sizeof(float) + kHuge - 1) / kHuge * kHuge;
-  values_.reset(static_cast<float*>(std::aligned_alloc(kHuge, bytes)));
+  constexpr std::size_t kHuge = std::size_t{2} << 20, kLine = 64;
+  const bool huge =
+      n * sizeof(float) >= kHuge;  // smaller: the heap's memory, reused call after call
+  const std::size_t align = huge ? kHuge : kLine;
+  const std::size_t bytes = (n * sizeof(float) + align - 1) / align * align;
+  values_.reset(static_cast<float*>(std::aligned_alloc(align, bytes)));
   if (!values_ && bytes > 0) throw std::bad_alloc();
-  madvise(values_.get(), bytes, MADV_HUGEPAGE);  // a hint: without it, 4 KiB pages
+  if (huge) madvise(values_.get(), bytes, MADV_HUGEPAGE);  // a hint: without it, 4 KiB pages
 }
 
 std::vector<Span> chunk_spans(const std::vector<Sequence>& seqs, std::int64_t C) {
