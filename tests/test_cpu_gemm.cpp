@@ -1,7 +1,7 @@
 // The CPU passes' dense products (src/cpu/gemm.h) against a float64 reference on random inputs:
 // the op's shapes and odd ones (tails of the 8 x 32 tiles), leading dimensions wider than the
 // matrices, C overwritten (never read: NaN there stays out) or accumulated into, A as is and
-// transposed; and the transpose, exactly.
+// transposed; the unit-triangular solves; and the transpose, exactly.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -67,6 +67,47 @@ TEST(CpuGemm, MatchesFloat64) {
           check<Op::N>(m, n, k, accumulate, beta, rng);
           check<Op::T>(m, n, k, accumulate, beta, rng);
         }
+}
+
+// (I + L) X = B or (I + L)^T X = B, solved in place, against float64 substitution; L's diagonal
+// and upper triangle hold NaN, which must not be read.
+TEST(CpuGemm, UnitLowerSolveMatchesFloat64) {
+  std::mt19937 rng(16);
+  for (const std::int64_t m : {1, 2, 7, 64})
+    for (const std::int64_t n : {1, 5, 16, 24, 128, 130})
+      for (const Op op : {Op::N, Op::T}) {
+        const std::int64_t ldl = m + 1, ldx = n + 2;
+        std::vector<float> l = random_floats(std::size_t(m * ldl), rng);
+        for (std::int64_t i = 0; i < m; ++i)
+          for (std::int64_t j = 0; j < ldl; ++j) {
+            float& x = l[std::size_t(i * ldl + j)];
+            x = j >= i ? std::numeric_limits<float>::quiet_NaN() : x * 0.2f;
+          }
+        std::vector<float> x = random_floats(std::size_t(m * ldx), rng);
+        std::vector<double> want(x.begin(), x.end());
+        for (std::int64_t s = 0; s < m; ++s) {
+          const std::int64_t i = op == Op::N ? s : m - 1 - s;
+          for (std::int64_t j = 0; j < m; ++j) {
+            const bool before = op == Op::N ? j < i : j > i;
+            if (!before) continue;
+            const double f =
+                op == Op::N ? l[std::size_t(i * ldl + j)] : l[std::size_t(j * ldl + i)];
+            for (std::int64_t col = 0; col < n; ++col)
+              want[std::size_t(i * ldx + col)] -= f * want[std::size_t(j * ldx + col)];
+          }
+        }
+        if (op == Op::N)
+          solve_unit_lower<Op::N>(m, n, l.data(), ldl, x.data(), ldx);
+        else
+          solve_unit_lower<Op::T>(m, n, l.data(), ldl, x.data(), ldx);
+        for (std::int64_t i = 0; i < m; ++i)
+          for (std::int64_t col = 0; col < ldx; ++col) {
+            const std::size_t at = std::size_t(i * ldx + col);
+            ASSERT_NEAR(x[at], want[at], 1e-5 * (1 + std::abs(want[at])))
+                << "m=" << m << " n=" << n << " op=" << (op == Op::N ? "N" : "T") << " at " << i
+                << "," << col;
+          }
+      }
 }
 
 TEST(CpuGemm, TransposeIsExact) {

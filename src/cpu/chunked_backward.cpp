@@ -82,7 +82,7 @@ void chunked_backward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
           for (std::int64_t i = 0; i < c; ++i)
             core::load_row(in.v, at.v(b, t + i, hv), V, vn.row(i).data());
           vn = x.beta.asDiagonal() * vn - Y;
-          x.L.triangularView<Eigen::UnitLower>().solveInPlace(vn);
+          solve_unit_lower<Op::N>(c, V, x.L.data(), c, vn.data(), V);
           next = x.gamma * S;
           gemm<Op::T>(K, V, c, x.Kf.data(), K, vn.data(), V, next.data(), V, true);
         }
@@ -115,7 +115,7 @@ void chunked_backward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
           // O = scale (Qe S + P Vn), S' = gamma S + Kf^T Vn, Vn = (I + L)^-1 R
           dvn.noalias() = x.P.triangularView<Eigen::Lower>().transpose() * D.bottomRows(c);
           gemm<Op::N>(c, V, K, x.Kf.data(), K, dS[j].data(), V, dvn.data(), V, true);
-          x.L.triangularView<Eigen::UnitLower>().transpose().solveInPlace(dvn);  // dR
+          solve_unit_lower<Op::T>(c, V, x.L.data(), c, dvn.data(), V);  // dR
           D.topRows(c) = -dvn;
           transpose(c, V, vn.data(), V, vn_t.data(), c);
           transpose(K, V, S.data(), V, S_t.data(), K);

@@ -59,7 +59,7 @@ void chunked_forward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
             core::load_row(in.v, at.v(seq.batch, t + i, hv), s.V, R.row(i).data());
           R = x.beta.asDiagonal() * R - Y.topRows(c);
           // Vn = U - W S = (I + L)^-1 (diag(beta) V - diag(beta e) K S)
-          x.L.triangularView<Eigen::UnitLower>().solveInPlace(R);
+          solve_unit_lower<Op::N>(c, s.V, x.L.data(), c, R.data(), s.V);
           O = Y.bottomRows(c);
           O.noalias() += x.P.triangularView<Eigen::Lower>() * R;  // O = scale [Qe S + P Vn]
           O *= scale;

@@ -1,6 +1,6 @@
 #pragma once
-// The chunked passes' dense products, float32, on row-major matrices given by pointer and
-// leading dimension (element (i, j) of X at x[i * ldx + j]):
+// The chunked passes' dense products and unit-triangular solves, float32, on row-major matrices
+// given by pointer and leading dimension (element (i, j) of X at x[i * ldx + j]):
 //   gemm<Op::N>: C = A B      or, accumulating, C = beta C + A B      A [m, k]
 //   gemm<Op::T>: C = A^T B    or, accumulating, C = beta C + A^T B    A stored [k, m]
 // with B [k, n] and C [m, n]; without accumulating, C is not read. A B^T is gemm<Op::N> on a
@@ -113,6 +113,57 @@ void gemm(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::i
       for (std::int64_t j = 0; j < n; ++j) row[j] += x * brow[j];
     }
   }
+#endif
+}
+
+// X <- (I + L)^-1 X (Op::N) or (I + L)^-T X (Op::T): L [m, m] strictly lower (its diagonal and
+// upper triangle are not read), X [m, n]. Substitution row by row, forward for N and backward for
+// T, each row's update kept in registers over 128 columns (8 vectors: 8 FMA chains in flight).
+template <Op op>
+void solve_unit_lower(std::int64_t m, std::int64_t n, const float* l, std::int64_t ldl, float* x,
+                      std::int64_t ldx) {
+  // Row i of the substitution reads the rows [j0, j1) of X solved before it, with L's factor at
+  // l_at(i, j): op N solves i = 0, 1, .. from j < i; op T solves i = m - 1, .. from j > i.
+  const auto step = [&](std::int64_t s, auto&& row_update) {
+    const std::int64_t i = op == Op::N ? s : m - 1 - s;
+    const std::int64_t j0 = op == Op::N ? 0 : i + 1, j1 = op == Op::N ? i : m;
+    row_update(i, j0, j1);
+  };
+  const auto l_at = [&](std::int64_t i, std::int64_t j) {
+    return op == Op::N ? l[i * ldl + j] : l[j * ldl + i];
+  };
+#if defined(__AVX512F__)
+  constexpr int kVectors = 8;
+  for (std::int64_t col = 0; col < n; col += 16 * kVectors) {
+    __mmask16 mask[kVectors];
+    for (int v = 0; v < kVectors; ++v) mask[v] = gemm_detail::lanes(n - col - 16 * v);
+    for (std::int64_t s = 0; s < m; ++s)
+      step(s, [&](std::int64_t i, std::int64_t j0, std::int64_t j1) {
+        float* xi = x + i * ldx + col;
+        __m512 acc[kVectors];
+#pragma GCC unroll 16
+        for (int v = 0; v < kVectors; ++v) acc[v] = _mm512_maskz_loadu_ps(mask[v], xi + 16 * v);
+        for (std::int64_t j = j0; j < j1; ++j) {
+          const __m512 f = _mm512_set1_ps(l_at(i, j));
+          const float* xj = x + j * ldx + col;
+#pragma GCC unroll 16
+          for (int v = 0; v < kVectors; ++v)
+            acc[v] = _mm512_fnmadd_ps(f, _mm512_maskz_loadu_ps(mask[v], xj + 16 * v), acc[v]);
+        }
+#pragma GCC unroll 16
+        for (int v = 0; v < kVectors; ++v) _mm512_mask_storeu_ps(xi + 16 * v, mask[v], acc[v]);
+      });
+  }
+#else
+  for (std::int64_t s = 0; s < m; ++s)
+    step(s, [&](std::int64_t i, std::int64_t j0, std::int64_t j1) {
+      float* xi = x + i * ldx;
+      for (std::int64_t j = j0; j < j1; ++j) {
+        const float f = l_at(i, j);
+        const float* xj = x + j * ldx;
+        for (std::int64_t col = 0; col < n; ++col) xi[col] -= f * xj[col];
+      }
+    });
 #endif
 }
 
