@@ -18,12 +18,14 @@ bool have_gpu() {
   return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
 }
 
-// out = 2 a B (issued twice: once overwriting, once accumulating) for a: [64][16 KT] and
-// x: [8 N][16 KT] (B = x^T, kTrans false) or [16 KT][8 N] (B = x, kTrans true), row-major.
-template <int N, int KT, bool kTrans>
+// out = 2 a B (issued twice: once overwriting, once accumulating) for a: [64][16 KT] and B a
+// window of 8 N columns (its last) of a stored tile x with kTileN columns: x is [kTileN][16 KT]
+// (B = x^T, kTrans false) or [16 KT][kTileN] (B = x, kTrans true), row-major. The window starts
+// kTileN - 8 N rows (K-major) or 64-column blocks (MN-major) into the swizzled tile.
+template <int N, int KT, bool kTrans, int kTileN>
 __global__ void product_kernel(const bf16* a, const bf16* x, float* out) {
-  constexpr int kK = 16 * KT, kLdA = kK + 8, kRows = kTrans ? kK : 8 * N,
-                kCols = kTrans ? 8 * N : kK;
+  constexpr int kK = 16 * KT, kLdA = kK + 8, kRows = kTrans ? kK : kTileN,
+                kCols = kTrans ? kTileN : kK, kN0 = kTileN - 8 * N;
   __shared__ __align__(1024) unsigned char xs[kRows * kCols * 2];
   __shared__ __align__(16) bf16 as[64 * kLdA];
   for (int i = threadIdx.x; i < 64 * kK; i += blockDim.x) as[(i / kK) * kLdA + i % kK] = a[i];
@@ -32,17 +34,18 @@ __global__ void product_kernel(const bf16* a, const bf16* x, float* out) {
     *reinterpret_cast<uint4*>(xs + swizzled_offset(kRows, r, piece)) =
         reinterpret_cast<const uint4*>(x)[i];
   }
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  fence_proxy_async();
   __syncthreads();
   std::uint32_t frag[KT][4];
   load_a_mk<KT>(frag, as, kLdA, 16 * (threadIdx.x / 32));
+  const bf16* window = reinterpret_cast<const bf16*>(xs) + (kTrans ? kN0 * kRows : kN0 * 64);
   Acc d[N];
   wgmma_fence();
   for (int twice = 0; twice < 2; ++twice) {
     if constexpr (kTrans)
-      wgmma_kn(d, frag, reinterpret_cast<const bf16*>(xs), kRows, twice == 1);
+      wgmma_kn(d, frag, window, kRows, twice == 1);
     else
-      wgmma_nk(d, frag, reinterpret_cast<const bf16*>(xs), twice == 1);
+      wgmma_nk(d, frag, window, twice == 1, kRows);
   }
   wgmma_commit();
   wgmma_wait<0>();
@@ -52,17 +55,18 @@ __global__ void product_kernel(const bf16* a, const bf16* x, float* out) {
     for (int e = 0; e < 4; ++e) out[(row + 8 * (e / 2)) * 8 * N + 8 * nt + c + e % 2] = d[nt][e];
 }
 
-template <int N, int KT, bool kTrans>
+template <int N, int KT, bool kTrans, int kTileN = 8 * N>
 void check_product() {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  constexpr int kK = 16 * KT, kN = 8 * N;
-  std::mt19937_64 rng(kN * 100 + kK + kTrans);
+  constexpr int kK = 16 * KT, kN = 8 * N, kN0 = kTileN - kN;
+  std::mt19937_64 rng(kTileN * 10000 + kN * 100 + kK + kTrans);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<bf16> a(64 * kK), x(kN * kK);
+  std::vector<bf16> a(64 * kK), x(kTileN * kK);
   for (auto& v : a) v = __float2bfloat16(normal(rng));
   for (auto& v : x) v = __float2bfloat16(normal(rng));
   auto b = [&](int k, int n) {  // B[k][n]
-    return static_cast<double>(__bfloat162float(kTrans ? x[k * kN + n] : x[n * kK + k]));
+    return static_cast<double>(
+        __bfloat162float(kTrans ? x[k * kTileN + kN0 + n] : x[(kN0 + n) * kK + k]));
   };
   bf16 *d_a, *d_x;
   float* d_out;
@@ -71,7 +75,7 @@ void check_product() {
   GDN_CUDA_CHECK(cudaMalloc(&d_out, 64 * kN * 4));
   GDN_CUDA_CHECK(cudaMemcpy(d_a, a.data(), a.size() * 2, cudaMemcpyHostToDevice));
   GDN_CUDA_CHECK(cudaMemcpy(d_x, x.data(), x.size() * 2, cudaMemcpyHostToDevice));
-  product_kernel<N, KT, kTrans><<<1, 128>>>(d_a, d_x, d_out);
+  product_kernel<N, KT, kTrans, kTileN><<<1, 128>>>(d_a, d_x, d_out);
   GDN_CUDA_CHECK(cudaGetLastError());
   std::vector<float> out(64 * kN);
   GDN_CUDA_CHECK(cudaMemcpy(out.data(), d_out, out.size() * 4, cudaMemcpyDeviceToHost));
@@ -89,7 +93,6 @@ void check_product() {
     }
   EXPECT_LT(std::sqrt(err / norm), 1e-5) << "first value " << out[0];
 }
-
 TEST(CudaWgmma, KMajor64x128) {
   check_product<8, 8, false>();
 }
@@ -101,6 +104,17 @@ TEST(CudaWgmma, MNMajor128x64) {
 }
 TEST(CudaWgmma, MNMajor64x64) {
   check_product<8, 4, true>();
+}
+// Windows of a larger tile, as grad_chunk.cu reads them: 32 of 64 rows, and the second
+// 64-column block of a 128-column tile.
+TEST(CudaWgmma, KMajor32RowWindow) {
+  check_product<4, 8, false, 64>();
+}
+TEST(CudaWgmma, MNMajorSecondColumnBlock) {
+  check_product<8, 8, true, 128>();
+}
+TEST(CudaWgmma, MNMajorSecondColumnBlockOf64Rows) {
+  check_product<8, 4, true, 128>();
 }
 
 }  // namespace

@@ -10,8 +10,11 @@
 // (one Q, K tile for all): dv, dg, dbeta per value head; dq, dk summed over them in registers,
 // then back through the l2norm (spec 1).
 //
-// Warp w owns rows 16 (w % 4) .. + 15 of every product and half of its columns (w / 4): the
-// products are mma.sync on ldmatrix fragments, row sums reduce over the 4 lanes of a row.
+// Warp w owns rows 16 (w % 4) .. + 15 of every product and half of its columns (w / 4), so
+// warpgroup w / 4 computes one column half of each product as wgmma (wgmma.cuh): A from
+// registers (ldmatrix fragments), B from a swizzled tile read once per warpgroup (mma.sync read
+// B once per warp, and its ldmatrix traffic bounded the kernel); row sums reduce over the 4
+// lanes of a row.
 //
 // Deterministic: no float atomics, every sum is added in an order fixed by the code, so dq dk dv
 // dg dbeta are bitwise the same run to run. dG_i and db_i have partial sums from several warps:
@@ -27,7 +30,7 @@
 #include "core/reset.h"
 #include "cuda/check.h"
 #include "cuda/kernels.h"
-#include "cuda/mma.cuh"
+#include "cuda/wgmma.cuh"
 
 namespace gdn::cuda {
 namespace {
@@ -35,24 +38,26 @@ namespace {
 constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;
 
+// The B operands are swizzled tiles (1024-byte aligned), the A-only ones padded ldmatrix tiles.
 struct GradSmem {
-  static constexpr int q = 0;                         // bf16 [64][136]  Q
-  static constexpr int k = q + kC * kLdH * 2;         // bf16 [64][136]  K
-  static constexpr int st = k + kC * kLdH * 2;        // bf16 [128][136] dS^T (the next's early)
-  static constexpr int h = st + kD * kLdH * 2;        // bf16 [128][136] S^T
-  static constexpr int vn = h + kD * kLdH * 2;        // bf16 [2][64][136] Vn, then F (f32 [64][68])
-  static constexpr int dvn = vn + 2 * kC * kLdH * 2;  // bf16 [2][64][136] dVn, then -dR
-  static constexpr int a = dvn + 2 * kC * kLdH * 2;   // bf16 [64][72]  A, then dP * decay
-  static constexpr int d_o = a + kC * kLdH64 * 2;     // bf16 [64][136] dO
-  static constexpr int dls = d_o + kC * kLdH * 2;     // bf16 [64][72]  F + F^T
-  static constexpr int vec = dls + kC * kLdH64 * 2;   // f32 [2][64] G, beta
-  static constexpr int rows = vec + 2 * kC * 4;       // f32 [2][2][64] dG, db row sums (half, row)
-  static constexpr int cols = rows + 4 * kC * 4;      // f32 [4][64] dG column sums (block, column)
-  static constexpr int extra = cols + 4 * kC * 4;     // f32 [8] gamma's gradient (warp)
-  static constexpr int dots = extra + kWarps * 4;     // f32 [2][2][64] (q or k, half, row)
-  static constexpr int bytes = dots + 4 * kC * 4;
+  static constexpr int q = 0;                 // bf16 [64][128] swizzled  Q
+  static constexpr int k = q + kC * kD * 2;   // bf16 [64][128] swizzled  K
+  static constexpr int st = k + kC * kD * 2;  // bf16 [128][128] swizzled dS^T (the next's early)
+  static constexpr int h = st + kD * kD * 2;  // bf16 [128][128] swizzled S^T
+  static constexpr int vn = h + kD * kD * 2;  // bf16 [2][64][128] swizzled Vn
+  static constexpr int dvn = vn + 2 * kC * kD * 2;  // bf16 [2][64][128] swizzled dVn, then -dR
+  static constexpr int a = dvn + 2 * kC * kD * 2;   // bf16 [64][72]  A, then dP * decay
+  static constexpr int d_o = a + kC * kLdH64 * 2;   // bf16 [64][136] dO
+  static constexpr int dls = d_o + kC * kLdH * 2;   // bf16 [64][72]  F + F^T
+  static constexpr int f = dls + kC * kLdH64 * 2;   // f32 [64][68]   F
+  static constexpr int vec = f + kC * kLdF64 * 4;   // f32 [3][64] G, beta, g is a reset (1, 0)
+  static constexpr int rows = vec + 3 * kC * 4;     // f32 [2][2][64] dG, db row sums (half, row)
+  static constexpr int cols = rows + 4 * kC * 4;    // f32 [4][64] dG column sums (block, column)
+  static constexpr int extra = cols + 4 * kC * 4;   // f32 [8] gamma's gradient (warp)
+  static constexpr int dots = extra + kWarps * 4;   // f32 [2][2][64] (q or k, half, row)
+  // + 1024: the dynamic shared memory is aligned up to 1024 bytes (align_1024).
+  static constexpr int bytes = dots + 4 * kC * 4 + 1024;
 };
-static_assert(kC * kLdF64 * 4 <= kC * kLdH * 2, "F fits in the Vn tile");
 static_assert(GradSmem::bytes <= 227 * 1024, "one block fits in a Hopper SM's shared memory");
 
 // Sums v over the 4 lanes that share a row.
@@ -95,7 +100,8 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
   const ChunkInfo info = p.chunks[cid];
   if (info.len == 0) return;
   const int group = p.HV / p.HK, len = info.len;
-  extern __shared__ __align__(128) unsigned char smem[];
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  unsigned char* smem = align_1024(smem_raw);
   bf16* qs = reinterpret_cast<bf16*>(smem + GradSmem::q);
   bf16* ks = reinterpret_cast<bf16*>(smem + GradSmem::k);
   bf16* st = reinterpret_cast<bf16*>(smem + GradSmem::st);
@@ -106,8 +112,10 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
   bf16* dpd = ab;
   bf16* dos = reinterpret_cast<bf16*>(smem + GradSmem::d_o);
   bf16* dls = reinterpret_cast<bf16*>(smem + GradSmem::dls);
+  float* F = reinterpret_cast<float*>(smem + GradSmem::f);
   float* G = reinterpret_cast<float*>(smem + GradSmem::vec);
   float* beta = G + kC;
+  float* reset = beta + kC;
   float* dG_rows = reinterpret_cast<float*>(smem + GradSmem::rows);  // [half][row]
   float* db_rows = dG_rows + 2 * kC;
   float* dG_cols = reinterpret_cast<float*>(smem + GradSmem::cols);  // [row block][column]
@@ -117,20 +125,27 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
   float* db = db_rows + half * kC;
 
   const long long row = qk_row(p, info.b, info.t0, hk);
-  issue_rows<kD>(qs, kLdH, p.qn + row * kD, p.HK * kD, kC, len);
-  issue_rows<kD>(ks, kLdH, p.kn + row * kD, p.HK * kD, kC, len);
+  issue_rows_swizzled<kD>(qs, kC, p.qn + row * kD, p.HK * kD, kC, len);
+  issue_rows_swizzled<kD>(ks, kC, p.kn + row * kD, p.HK * kD, kC, len);
   cp_async_commit();
+  // The column half of this warpgroup in the 64-row tiles Q, K, dVn (B = X, MN-major) and in the
+  // 128-row tiles dS^T, S^T; and the 32 rows of Vn, K as B = X^T (K-major) of the 64-wide
+  // products.
+  auto half64 = [&](const bf16* tile) { return tile + half * kC * 64; };
+  auto half128 = [&](const bf16* tile) { return tile + half * kD * 64; };
+  auto rows32 = [&](const bf16* tile) { return tile + 32 * half * 64; };
   auto col = [&](int nt, int e) { return 8 * nt + c + e % 2; };  // column within the tile range
   auto row_of = [&](int e) { return r0 + g + 8 * (e / 2); };
   auto pair = [](const bf16* base) {
     return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(base));
   };
+  auto qk_pair = [&](const bf16* tile, int i, int j) { return pair(swizzled_at(tile, kC, i, j)); };
 
   // Vn and dVn of the group's value head j into their tiles j % 2.
   auto issue_vn = [&](int j) {
     const long long sj = slot(p, cid, hk * group + j);
-    issue_rows<kD>(vn_tiles + (j % 2) * kC * kLdH, kLdH, p.vn + sj * kC * kD, kD, kC, kC);
-    issue_rows<kD>(dvn_tiles + (j % 2) * kC * kLdH, kLdH, p.dvn + sj * kC * kD, kD, kC, kC);
+    issue_rows_swizzled<kD>(vn_tiles + (j % 2) * kC * kD, kC, p.vn + sj * kC * kD, kD, kC, kC);
+    issue_rows_swizzled<kD>(dvn_tiles + (j % 2) * kC * kD, kC, p.dvn + sj * kC * kD, kD, kC, kC);
   };
 
   Acc dq[8] = {}, dk[8] = {};  // the group's sums
@@ -138,14 +153,13 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
     const int hv = hk * group + gi;
     const long long s = slot(p, cid, hv), vrow = v_row(p, info.b, info.t0, hv);
     const In* d_o = static_cast<const In*>(p.d_o) + vrow * kD;
-    bf16* vn = vn_tiles + (gi % 2) * kC * kLdH;
-    float* F = reinterpret_cast<float*>(vn);
-    bf16* dvn = dvn_tiles + (gi % 2) * kC * kLdH;
+    bf16* vn = vn_tiles + (gi % 2) * kC * kD;
+    bf16* dvn = dvn_tiles + (gi % 2) * kC * kD;
     if (gi == 0) {  // later value heads' dS^T, Vn and dVn are prefetched by the one before
-      issue_rows<kD>(st, kLdH, p.dh + s * kD * kD, kD, kD, kD);
+      issue_rows_swizzled<kD>(st, kD, p.dh + s * kD * kD, kD, kD, kD);
       issue_vn(0);
     }
-    issue_rows<kD>(hs, kLdH, p.h + s * kD * kD, kD, kD, kD);
+    issue_rows_swizzled<kD>(hs, kD, p.h + s * kD * kD, kD, kD, kD);
     issue_rows<kC>(ab, kLdH64, p.A + s * kC * kC, kC, kC, kC);
     issue_rows<kD>(dos, kLdH, d_o, p.HV * kD, kC, len);
     cp_async_commit();
@@ -156,6 +170,8 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
     }
     if (tid < kC) {
       G[tid] = p.G[s * kC + tid];
+      // core/reset.h: a reset's g gets no gradient (read now, while the tiles land).
+      reset[tid] = tid < len && core::is_reset(p.g[vrow + static_cast<long long>(tid) * p.HV]);
       beta[tid] = p.bt[s * kC + tid];
     }
     if (tid < 2 * kC) {  // dG_cols and extra are stored whole, not added to
@@ -173,6 +189,7 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
         for (int e = 0; e < 8; ++e)
           dos[r * kLdH + part * 8 + e] = from_float<bf16>(to_float(raw[e]));
       }
+    fence_proxy_async();  // the landed tiles, before wgmma reads them
     __syncthreads();
     const float g_last = G[kC - 1], gamma = __expf(g_last);
     auto e_of = [&](int i) { return __expf(G[i]); };
@@ -180,9 +197,8 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
     // sum(S * dS) for the gradient of gamma, from the S^T and dS^T tiles.
     {
       float part = 0;
-      for (int idx = tid; idx < kD * 64; idx += kThreads) {
-        const int r = idx / 64, at = r * kLdH + 2 * (idx % 64);
-        const float2 x = pair(hs + at), y = pair(st + at);
+      for (int idx = tid; idx < kD * kD / 2; idx += kThreads) {  // the tiles share a layout
+        const float2 x = pair(hs + 2 * idx), y = pair(st + 2 * idx);
         part += x.x * y.x + x.y * y.y;
       }
       part = warp_sum(part);
@@ -191,16 +207,20 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
 
     // dKf = Vn dS^T (columns of this half); dk += diag(f) dKf; dG_i -= f_i sum_j K_ij dKf_ij.
     {
-      Acc dkf[8] = {};
+      Acc dkf[8];
       std::uint32_t a[8][4];
-      load_a_mk(a, vn, kLdH, r0);
-      mma_kn(dkf, a, st, kLdH, 64 * half);
+      load_a_swizzled(a, vn, kC, r0);
+      wgmma_fence();
+      wgmma_kn(dkf, a, half128(st), kD, false);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_acc(dkf);
       const float f_lo = __expf(g_last - G[i_lo]), f_hi = __expf(g_last - G[i_hi]);
       float lo = 0, hi = 0;
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt) {
         const int j = 64 * half + 8 * nt + c;
-        const float2 k_lo = pair(ks + i_lo * kLdH + j), k_hi = pair(ks + i_hi * kLdH + j);
+        const float2 k_lo = qk_pair(ks, i_lo, j), k_hi = qk_pair(ks, i_hi, j);
         lo += k_lo.x * dkf[nt][0] + k_lo.y * dkf[nt][1];
         hi += k_hi.x * dkf[nt][2] + k_hi.y * dkf[nt][3];
         dk[nt][0] += f_lo * dkf[nt][0], dk[nt][1] += f_lo * dkf[nt][1];
@@ -219,16 +239,20 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
     }
     __syncthreads();  // dS^T is done: the next value head's takes its place
     if (gi + 1 < group) {
-      issue_rows<kD>(st, kLdH, p.dh + slot(p, cid, hv + 1) * kD * kD, kD, kD, kD);
+      issue_rows_swizzled<kD>(st, kD, p.dh + slot(p, cid, hv + 1) * kD * kD, kD, kD, kD);
       cp_async_commit();
     }
 
     // dR = A^T dVn; dv = diag(beta) dR; db_i += V_i . dR_i; then -dR replaces dVn.
-    Acc dr[8] = {};
+    Acc dr[8];
     {
       std::uint32_t a[4][4];
       load_a_km(a, ab, kLdH64, r0);
-      mma_kn(dr, a, dvn, kLdH, 64 * half);
+      wgmma_fence();
+      wgmma_kn(dr, a, half64(dvn), kC, false);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_acc(dr);
     }
     {
       const In* v = static_cast<const In*>(p.v) + vrow * kD;
@@ -256,26 +280,41 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; e += 2)
-        *reinterpret_cast<std::uint32_t*>(dvn + row_of(e) * kLdH + 64 * half + col(nt, e)) =
+        *reinterpret_cast<std::uint32_t*>(swizzled_at(dvn, kC, row_of(e), 64 * half + col(nt, e))) =
             pack_bf16(-dr[nt][e], -dr[nt][e + 1]);
     bf16* ndr = dvn;  // -dR
 
     // dP = scale dO Vn^T, P = (Q K^T) * decay (columns 32 half ..): dP * decay, and the pair
     // terms t = dP * P to dG.
-    // out1 = a1 Vn^T, out2 = a2 K^T for the 32 columns of this half.
-    auto products = [&](const bf16* a1, const bf16* a2, Acc(&out1)[4], Acc(&out2)[4]) {
-      std::uint32_t f[8][4];
-      load_a_mk(f, a1, kLdH, r0);
-      mma_nk(out1, f, vn, kLdH, 32 * half);
-      load_a_mk(f, a2, kLdH, r0);
-      mma_nk(out2, f, ks, kLdH, 32 * half);
+    // out1 = a1 Vn^T, out2 = a2 K^T for the 32 columns of this half; load1, load2 fill the A
+    // fragments a1, a2 (one after the other, into the same registers).
+    auto products = [&](auto load1, auto load2, Acc(&out1)[4], Acc(&out2)[4]) {
+      std::uint32_t a[8][4];
+      load1(a);
+      wgmma_fence();
+      wgmma_nk(out1, a, rows32(vn), false, kC);
+      wgmma_commit();
+      wgmma_wait<0>();
+      load2(a);
+      wgmma_fence();
+      wgmma_nk(out2, a, rows32(ks), false, kC);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_acc(out1);
+      fence_acc(out2);
+    };
+    auto padded = [&](const bf16* tile) {
+      return [=](std::uint32_t(&a)[8][4]) { load_a_mk(a, tile, kLdH, r0); };
+    };
+    auto swizzled = [&](const bf16* tile) {
+      return [=](std::uint32_t(&a)[8][4]) { load_a_swizzled(a, tile, kC, r0); };
     };
     auto decay = [&](int i, int j) { return j <= i ? __expf(G[i] - G[j]) : 0.0f; };
 
     // dP = scale dO Vn^T and P = (Q K^T) * decay: keep dP * decay, and t = dP * P goes to dG_i
     // (row sums) and -dG_j (column sums).
-    Acc x1[4] = {}, x2[4] = {};
-    products(dos, qs, x1, x2);
+    Acc x1[4], x2[4];
+    products(padded(dos), swizzled(qs), x1, x2);
     float colsum[4][2] = {};
     {
       float lo = 0, hi = 0;
@@ -298,10 +337,10 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
 
     // dL = -dR Vn^T and K K^T: dl = strictly_lower(dL * decay), m2 = dl * K K^T, F = diag(beta) dl;
     // t = beta_i m2 goes to dG like the P terms, m2 to db.
-    Acc dl[4] = {};
+    Acc dl[4];
     {
-      Acc kk[4] = {};
-      products(ndr, ks, dl, kk);
+      Acc kk[4];
+      products(swizzled(ndr), swizzled(ks), dl, kk);
       float lo_t = 0, hi_t = 0, lo_m = 0, hi_m = 0;
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt)
@@ -328,7 +367,7 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
           if (g == 0) dG_cols[(warp % 4) * kC + 32 * half + 8 * nt + c + e] = sum;
         }
     }
-    __syncthreads();  // every warp is done with Vn and A: F and dP * decay take their place
+    __syncthreads();  // every warp is done with A: dP * decay takes its place
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
@@ -347,24 +386,25 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
     __syncthreads();
 
     // dk += dpd^T Q + dls K;  dq += dpd K.
-#pragma unroll
-    for (int kt = 0; kt < 4; ++kt) {
-      std::uint32_t at[4], al[4], ad[4];
-      ldmatrix_x4_trans(at, a_rows_km(dpd, kLdH64, r0, 16 * kt));
-      ldmatrix_x4(al, a_rows_mk(dls, kLdH64, r0, 16 * kt));
-      ldmatrix_x4(ad, a_rows_mk(dpd, kLdH64, r0, 16 * kt));
-#pragma unroll
-      for (int np = 0; np < 4; ++np) {
-        std::uint32_t bq[4], bk[4];
-        ldmatrix_x4_trans(bq, b_rows_kn(qs, kLdH, 16 * kt, 64 * half + 16 * np));
-        ldmatrix_x4_trans(bk, b_rows_kn(ks, kLdH, 16 * kt, 64 * half + 16 * np));
-        mma(dk[2 * np], at, bq[0], bq[1]);
-        mma(dk[2 * np + 1], at, bq[2], bq[3]);
-        mma(dk[2 * np], al, bk[0], bk[1]);
-        mma(dk[2 * np + 1], al, bk[2], bk[3]);
-        mma(dq[2 * np], ad, bk[0], bk[1]);
-        mma(dq[2 * np + 1], ad, bk[2], bk[3]);
-      }
+    {
+      std::uint32_t a[4][4];
+      load_a_km(a, dpd, kLdH64, r0);
+      wgmma_fence();
+      wgmma_kn(dk, a, half64(qs), kC, true);
+      wgmma_commit();
+      wgmma_wait<0>();
+      load_a_mk(a, dls, kLdH64, r0);
+      wgmma_fence();
+      wgmma_kn(dk, a, half64(ks), kC, true);
+      wgmma_commit();
+      wgmma_wait<0>();
+      load_a_mk(a, dpd, kLdH64, r0);
+      wgmma_fence();
+      wgmma_kn(dq, a, half64(ks), kC, true);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_acc(dk);
+      fence_acc(dq);
     }
 
     // [dKb; dQe] = [-dR; scale dO] S^T: dk += diag(beta e) dKb, dq += diag(e) dQe, and their
@@ -372,18 +412,24 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
     const float e_lo = e_of(i_lo), e_hi = e_of(i_hi);
 #pragma unroll
     for (int which = 0; which < 2; ++which) {
-      const bf16* a_src = which ? dos : ndr;
       const bf16* x_src = which ? qs : ks;
-      Acc x[8] = {};
+      Acc x[8];
       std::uint32_t a[8][4];
-      load_a_mk(a, a_src, kLdH, r0);
-      mma_kn(x, a, hs, kLdH, 64 * half);
+      if (which)
+        load_a_mk(a, dos, kLdH, r0);
+      else
+        load_a_swizzled(a, ndr, kC, r0);
+      wgmma_fence();
+      wgmma_kn(x, a, half128(hs), kD, false);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_acc(x);
       const float scale = which ? p.scale : 1.0f;
       float lo = 0, hi = 0;
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt) {
         const int j = 64 * half + 8 * nt + c;
-        const float2 w_lo = pair(x_src + i_lo * kLdH + j), w_hi = pair(x_src + i_hi * kLdH + j);
+        const float2 w_lo = qk_pair(x_src, i_lo, j), w_hi = qk_pair(x_src, i_hi, j);
 #pragma unroll
         for (int e = 0; e < 4; ++e) x[nt][e] *= scale;
         lo += w_lo.x * x[nt][0] + w_lo.y * x[nt][1];
@@ -425,7 +471,7 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
       lo += __shfl_sync(0xffffffffu, hi, 0);
       for (int i = lane; i < len; i += 32) {
         const long long r = v_row(p, info.b, info.t0 + i, hv);
-        p.dg[r] = core::is_reset(p.g[r]) ? 0.0f : i < 32 ? lo : hi;  // core/reset.h
+        p.dg[r] = reset[i] != 0.0f ? 0.0f : i < 32 ? lo : hi;
         store_scalar(p.dbeta, r, p.beta_code, db_rows[i] + db_rows[kC + i]);
       }
     }

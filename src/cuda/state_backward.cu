@@ -26,7 +26,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_backward_kernel(Params p) {
   const int first = seg.first, chunks = seg.chunks;
   const int c = 2 * (lane % 4);
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  unsigned char* smem = stage_memory(smem_raw);
+  unsigned char* smem = align_1024(smem_raw);
   [[maybe_unused]] bf16* staging =
       reinterpret_cast<bf16*>(smem + Stage::staging) + warp * kC * kLdO;
   const Pipeline pipe = pipeline(smem);

@@ -33,7 +33,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
   const int first = seg.first, chunks = seg.chunks;
   const int c = 2 * (lane % 4);  // this lane's first column within an 8-column tile
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  unsigned char* smem = stage_memory(smem_raw);
+  unsigned char* smem = align_1024(smem_raw);
   [[maybe_unused]] bf16* staging =
       reinterpret_cast<bf16*>(smem + Stage::staging) + warp * kC * kLdO;
   if (transfer)  // V = 0: its tiles are zeroed once and never loaded

@@ -36,14 +36,9 @@ struct Stage {
   static constexpr int bytes = (beta + kC * 4 + 1023) / 1024 * 1024;
   static constexpr int staging = kStages * bytes;                    // 16-bit [kWarps][64][kLdO]
   static constexpr int barriers = staging + kWarps * kC * kLdO * 2;  // u64 full, empty [kStages]
-  // + 1024: the dynamic shared memory is aligned up to 1024 bytes (stage_memory).
+  // + 1024: the dynamic shared memory is aligned up to 1024 bytes (align_1024).
   static constexpr int smem_bytes = barriers + 2 * kStages * 8 + 1024;
 };
-
-// The block's dynamic shared memory, aligned for the swizzled tiles.
-__device__ inline unsigned char* stage_memory(unsigned char* smem) {
-  return smem + ((1024 - smem_address(smem) % 1024) % 1024);
-}
 
 // Segment k = z % seg_count of sequence n = z / seg_count (blockIdx.z = z): its chunk slots first
 // .. first + chunks - 1 (chunks <= 0: past the sequence's end), and whether it is the sequence's

@@ -12,6 +12,7 @@
 // "K-major") and as B = X (k = rows, n = columns: "MN-major", the instruction's transpose bit).
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/mma.cuh"
 
@@ -21,6 +22,50 @@ namespace gdn::cuda {
 // of `rows` rows.
 __device__ inline int swizzled_offset(int rows, int r, int piece) {
   return (piece / 8) * rows * 128 + r * 128 + ((piece % 8) ^ (r % 8)) * 16;
+}
+
+// Element (r, col) of a swizzled tile of `rows` rows.
+template <typename T>
+__device__ inline T* swizzled_at(T* tile, int rows, int r, int col) {
+  using Byte = std::conditional_t<std::is_const_v<T>, const unsigned char, unsigned char>;
+  return reinterpret_cast<T*>(reinterpret_cast<Byte*>(tile) + swizzled_offset(rows, r, col / 8)) +
+         col % 8;
+}
+
+// The dynamic shared memory aligned up to 1024 bytes, as swizzled tiles need (a kernel reserves
+// 1024 bytes more than its tiles take).
+__device__ inline unsigned char* align_1024(unsigned char* smem) {
+  return smem + ((1024 - smem_address(smem) % 1024) % 1024);
+}
+
+// Issues, without waiting, the copies of `count` rows of kCols 16-bit values (row r from
+// src + r * stride elements) into a swizzled tile of `rows` rows; rows >= valid are zero-filled.
+template <int kCols>
+__device__ inline void issue_rows_swizzled(void* tile, int rows, const void* src, long long stride,
+                                           int count, int valid) {
+  using U16 = unsigned short;
+  for (int idx = threadIdx.x; idx < count * (kCols / 8); idx += blockDim.x) {
+    const int r = idx / (kCols / 8), piece = idx % (kCols / 8);
+    const bool ok = r < valid;
+    cp_async16(static_cast<unsigned char*>(tile) + swizzled_offset(rows, r, piece),
+               static_cast<const U16*>(src) + (ok ? r * stride + piece * 8 : 0), ok);
+  }
+}
+
+// The A fragments of rows m0 .. m0 + 15 and KT k-tiles of X stored X[m][k] in a swizzled tile
+// of `rows` rows (load_a_mk's analog).
+template <int KT>
+__device__ inline void load_a_swizzled(std::uint32_t (&a)[KT][4], const bf16* x, int rows, int m0) {
+  const int l = threadIdx.x % 32, m = l / 8, r = m0 + (m & 1) * 8 + l % 8;
+#pragma unroll
+  for (int kt = 0; kt < KT; ++kt)
+    ldmatrix_x4(a[kt], swizzled_at(x, rows, r, 16 * kt + (m >> 1) * 8));
+}
+
+// Orders this thread's generic-proxy writes of shared memory (stores, cp.async once waited for)
+// before later wgmma reads of it (the async proxy); a barrier then publishes them.
+__device__ inline void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
 // The matrix descriptor: start address, leading and stride byte offsets, 128-byte swizzle.
@@ -50,7 +95,22 @@ __device__ inline void fence_acc(Acc (&acc)[N]) {
     for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(acc[i][e])::"memory");
 }
 
-// acc (= or +=, by `accumulate`) a B for one k-tile, N = 64 or 128 columns; kTrans: B is MN-major.
+// acc (= or +=, by `accumulate`) a B for one k-tile, N = 32, 64 or 128 columns; kTrans: B is
+// MN-major.
+template <bool kTrans>
+__device__ inline void wgmma_n32(Acc (&d)[4], const std::uint32_t (&a)[4], std::uint64_t desc,
+                                 bool accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "{%16, %17, %18, %19}, %20, p, 1, 1, %22;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(static_cast<int>(accumulate)),
+        "n"(static_cast<int>(kTrans)));
+}
 template <bool kTrans>
 __device__ inline void wgmma_n64(Acc (&d)[8], const std::uint32_t (&a)[4], std::uint64_t desc,
                                  bool accumulate) {
@@ -99,28 +159,31 @@ __device__ inline void wgmma_n128(Acc (&d)[16], const std::uint32_t (&a)[4], std
 template <int N, bool kTrans>
 __device__ inline void wgmma_tile(Acc (&d)[N], const std::uint32_t (&a)[4], std::uint64_t desc,
                                   bool accumulate) {
-  static_assert(N == 8 || N == 16, "64 or 128 columns");
-  if constexpr (N == 8)
+  static_assert(N == 4 || N == 8 || N == 16, "32, 64 or 128 columns");
+  if constexpr (N == 4)
+    wgmma_n32<kTrans>(d, a, desc, accumulate);
+  else if constexpr (N == 8)
     wgmma_n64<kTrans>(d, a, desc, accumulate);
   else
     wgmma_n128<kTrans>(d, a, desc, accumulate);
 }
 
-// d (+)= a X^T, X a swizzled tile of 8 N rows (B's n) and 16 KT columns (B's k): the warpgroup
-// analog of mma_nk. Issues only; the caller commits and waits.
+// d (+)= a X^T, X 8 N rows (B's n) and 16 KT columns (B's k) of a swizzled tile of `rows` rows
+// (x: the first of those rows, a multiple of 8 into the tile): the warpgroup analog of mma_nk.
+// Issues only; the caller commits and waits.
 template <int N, int KT>
 __device__ inline void wgmma_nk(Acc (&d)[N], const std::uint32_t (&a)[KT][4], const bf16* x,
-                                bool accumulate) {
+                                bool accumulate, int rows = 8 * N) {
   const auto* base = reinterpret_cast<const unsigned char*>(x);
   // k-tile kt: 64-column block kt / 4, 32 (kt % 4) bytes into each of its 128-byte rows.
 #pragma unroll
   for (int kt = 0; kt < KT; ++kt)
     wgmma_tile<N, false>(d, a[kt],
-                         wgmma_desc(base + (kt / 4) * 8 * N * 128 + (kt % 4) * 32, 16, 1024),
+                         wgmma_desc(base + (kt / 4) * rows * 128 + (kt % 4) * 32, 16, 1024),
                          accumulate || kt > 0);
 }
 // d (+)= a X, X a swizzled tile of `rows` rows (B's k, 16 KT of them used) and 8 N columns
-// (B's n): the analog of mma_kn.
+// (B's n; x may start at a later 64-column block, x + 64 rows b): the analog of mma_kn.
 template <int N, int KT>
 __device__ inline void wgmma_kn(Acc (&d)[N], const std::uint32_t (&a)[KT][4], const bf16* x,
                                 int rows, bool accumulate) {
