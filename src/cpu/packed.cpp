@@ -31,9 +31,11 @@ std::vector<Span> chunk_spans(const std::vector<Sequence>& seqs, std::int64_t C)
 void pack_keys(const DeltaRuleInputs& in, const core::Layout& at, std::int64_t b, std::int64_t hk,
                std::int64_t t, std::int64_t c, std::int64_t C, const KeyRows& out) {
   const std::int64_t K = at.s.K;
+  // The loads first, in a loop of their own: each row is on its own page of the caller's tensor,
+  // and a normalization between them held back the next rows' loads.
+  for (std::int64_t i = 0; i < c; ++i) core::load_row(in.q, at.qk(b, t + i, hk), K, out.q + i * K);
+  for (std::int64_t i = 0; i < c; ++i) core::load_row(in.k, at.qk(b, t + i, hk), K, out.k + i * K);
   for (std::int64_t i = 0; i < c; ++i) {
-    core::load_row(in.q, at.qk(b, t + i, hk), K, out.q + i * K);
-    core::load_row(in.k, at.qk(b, t + i, hk), K, out.k + i * K);
     out.rq[i] = in.use_qk_l2norm ? l2_normalize(out.q + i * K, K) : 1.0f;
     out.rk[i] = in.use_qk_l2norm ? l2_normalize(out.k + i * K, K) : 1.0f;
   }
