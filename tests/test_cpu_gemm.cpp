@@ -1,7 +1,8 @@
 // The CPU passes' dense products (src/cpu/gemm.h) against a float64 reference on random inputs:
 // the op's shapes and odd ones (tails of the 8 x 32 tiles), leading dimensions wider than the
 // matrices, C overwritten (never read: NaN there stays out) or accumulated into, A as is and
-// transposed; the unit-triangular solves; and the transpose, exactly.
+// transposed, dense or triangular (op(A) lower or upper; only C's lower triangle wanted); the
+// unit-triangular solves; and the transpose, exactly.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -21,18 +22,22 @@ std::vector<float> random_floats(std::size_t n, std::mt19937& rng) {
   return x;
 }
 
-template <Op op>
+template <Op op, Shape shape = Shape::dense>
 void check(std::int64_t m, std::int64_t n, std::int64_t k, bool accumulate, float beta,
            std::mt19937& rng) {
   const std::int64_t pad = 3;  // leading dimensions wider than the rows
   const std::int64_t a_rows = op == Op::N ? m : k, a_cols = op == Op::N ? k : m;
   const std::int64_t lda = a_cols + pad, ldb = n + pad, ldc = n + pad;
-  const std::vector<float> a = random_floats(std::size_t(a_rows * lda), rng);
+  std::vector<float> a = random_floats(std::size_t(a_rows * lda), rng);
+  for (std::int64_t i = 0; i < m; ++i)  // op(A)'s structural zeros, stored
+    for (std::int64_t p = 0; p < k; ++p)
+      if ((shape == Shape::a_lower && p > i) || (shape == Shape::a_upper && p < i))
+        a[std::size_t(op == Op::N ? i * lda + p : p * lda + i)] = 0.0f;
   const std::vector<float> b = random_floats(std::size_t(k * ldb), rng);
   std::vector<float> c = random_floats(std::size_t(m * ldc), rng);
   if (!accumulate) std::fill(c.begin(), c.end(), std::numeric_limits<float>::quiet_NaN());
   const std::vector<float> c0 = c;
-  gemm<op>(m, n, k, a.data(), lda, b.data(), ldb, c.data(), ldc, accumulate, beta);
+  gemm<op, shape>(m, n, k, a.data(), lda, b.data(), ldb, c.data(), ldc, accumulate, beta);
   for (std::int64_t i = 0; i < m; ++i)
     for (std::int64_t j = 0; j < ldc; ++j) {
       const float got = c[std::size_t(i * ldc + j)];
@@ -50,9 +55,11 @@ void check(std::int64_t m, std::int64_t n, std::int64_t k, bool accumulate, floa
       }
       // float32's worst case for k + 1 FMAs in a row, far below the error of one term left out.
       const double tol = 2.0 * double(k + 1) * std::numeric_limits<float>::epsilon() * bound;
+      if (shape == Shape::c_lower && j > i && got == 0.0f) continue;  // above: 0 or the product
       ASSERT_NEAR(got, want, tol) << "m=" << m << " n=" << n << " k=" << k
                                   << " accumulate=" << accumulate << " beta=" << beta
-                                  << " op=" << (op == Op::N ? "N" : "T") << " at " << i << "," << j;
+                                  << " op=" << (op == Op::N ? "N" : "T") << " shape=" << int(shape)
+                                  << " at " << i << "," << j;
     }
 }
 
@@ -66,6 +73,14 @@ TEST(CpuGemm, MatchesFloat64) {
           const bool accumulate = beta != 0.0f;
           check<Op::N>(m, n, k, accumulate, beta, rng);
           check<Op::T>(m, n, k, accumulate, beta, rng);
+          check<Op::N, Shape::a_lower>(m, n, k, accumulate, beta, rng);
+          check<Op::T, Shape::a_lower>(m, n, k, accumulate, beta, rng);
+          check<Op::N, Shape::a_upper>(m, n, k, accumulate, beta, rng);
+          check<Op::T, Shape::a_upper>(m, n, k, accumulate, beta, rng);
+          if (!accumulate) {
+            check<Op::N, Shape::c_lower>(m, n, k, accumulate, beta, rng);
+            check<Op::T, Shape::c_lower>(m, n, k, accumulate, beta, rng);
+          }
         }
 }
 

@@ -113,15 +113,20 @@ void chunked_backward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
           D.bottomRows(c) *= scale;
 
           // O = scale (Qe S + P Vn), S' = gamma S + Kf^T Vn, Vn = (I + L)^-1 R
-          dvn.noalias() = x.P.triangularView<Eigen::Lower>().transpose() * D.bottomRows(c);
+          dvn.resize(c, V);  // P^T (scale dO), P^T upper
+          gemm<Op::T, Shape::a_upper>(c, V, c, x.P.data(), c, D.data() + c * V, V, dvn.data(), V,
+                                      false);
           gemm<Op::N>(c, V, K, x.Kf.data(), K, dS[j].data(), V, dvn.data(), V, true);
           solve_unit_lower<Op::T>(c, V, x.L.data(), c, dvn.data(), V);  // dR
           D.topRows(c) = -dvn;
           transpose(c, V, vn.data(), V, vn_t.data(), c);
           transpose(K, V, S.data(), V, S_t.data(), K);
           transpose(K, V, dS[j].data(), V, dS_t.data(), K);
-          dlp.resize(2 * c, c);  // [dL; dP] = [-dR; scale dO] Vn^T
-          gemm<Op::N>(2 * c, c, V, D.data(), V, vn_t.data(), c, dlp.data(), c, false);
+          // [dL; dP] = [-dR; scale dO] Vn^T, of which only the lower triangles are read below
+          dlp.resize(2 * c, c);
+          for (std::int64_t half = 0; half < 2; ++half)
+            gemm<Op::N, Shape::c_lower>(c, c, V, D.data() + half * c * V, V, vn_t.data(), c,
+                                        dlp.data() + half * c * c, c, false);
           dx.resize(2 * c, K);  // [dKb; dQe] = D S^T
           gemm<Op::N>(2 * c, K, V, D.data(), V, S_t.data(), K, dx.data(), K, false);
           dS_in = x.gamma * dS[j];
@@ -143,8 +148,8 @@ void chunked_backward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
 
           // P = (Q K^T) * decay
           dpd = dlp.bottomRows(c).cwiseProduct(x.decay);
-          gemm<Op::N>(c, K, c, dpd.data(), c, k.data(), K, dq.data(), K, true);  // lower: dense
-          gemm<Op::T>(c, K, c, dpd.data(), c, q.data(), K, dk.data(), K, true);
+          gemm<Op::N, Shape::a_lower>(c, K, c, dpd.data(), c, k.data(), K, dq.data(), K, true);
+          gemm<Op::T, Shape::a_upper>(c, K, c, dpd.data(), c, q.data(), K, dk.data(), K, true);
           t_pair = dlp.bottomRows(c).cwiseProduct(x.P);
           add_pair_terms(t_pair, dG);
 

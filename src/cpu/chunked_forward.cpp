@@ -60,9 +60,10 @@ void chunked_forward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
           R = x.beta.asDiagonal() * R - Y.topRows(c);
           // Vn = U - W S = (I + L)^-1 (diag(beta) V - diag(beta e) K S)
           solve_unit_lower<Op::N>(c, s.V, x.L.data(), c, R.data(), s.V);
-          O = Y.bottomRows(c);
-          O.noalias() += x.P.triangularView<Eigen::Lower>() * R;  // O = scale [Qe S + P Vn]
-          O *= scale;
+          // O = scale [Qe S + P Vn], P lower
+          gemm<Op::N, Shape::a_lower>(c, s.V, c, x.P.data(), c, R.data(), s.V, Y.data() + c * s.V,
+                                      s.V, true);
+          O = scale * Y.bottomRows(c);
           // S' = exp(G_C) S + (diag(f) K)^T Vn
           gemm<Op::T>(s.K, s.V, c, x.Kf.data(), s.K, R.data(), s.V, S.data(), s.V, true, x.gamma);
           for (std::int64_t i = 0; i < c; ++i)

@@ -16,7 +16,9 @@
 // the same loops in plain C++, which the compiler vectorizes over n. Both sum over k in order
 // 0, 1, ..., k - 1, one FMA per term.
 
+#include <algorithm>
 #include <cstdint>
+#include <utility>
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -84,30 +86,53 @@ inline void tail_tile(std::int64_t rows, std::int64_t k, const float* a, std::in
 
 }  // namespace gemm_detail
 
-template <Op op>
+// Structure that lets gemm skip work: op(A) lower (op(A)[i, p] = 0 for p > i) or upper (0 for
+// p < i), where the zeros inside a tile's range of p are read, so must be stored; or only C's
+// lower triangle wanted (C = A B only): tiles of C wholly above the diagonal are set to 0, the
+// rest computed in full, so C's elements above the diagonal are 0 or their product's value.
+enum class Shape { dense, a_lower, a_upper, c_lower };
+
+template <Op op, Shape shape = Shape::dense>
 void gemm(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, std::int64_t lda,
           const float* b, std::int64_t ldb, float* c, std::int64_t ldc, bool accumulate,
           float beta = 1.0f) {
   using gemm_detail::a_at;
+  // The range [p0, p1) of k that rows [i, i + rows) of op(A) need.
+  const auto k_range = [&](std::int64_t i, std::int64_t rows) {
+    const std::int64_t p0 = shape == Shape::a_upper ? std::min(i, k) : 0;
+    const std::int64_t p1 = shape == Shape::a_lower ? std::min(i + rows, k) : k;
+    return std::pair{p0, p1};
+  };
 #if defined(__AVX512F__)
   constexpr int kRows = 8, kCols = 2;
   for (std::int64_t j = 0; j < n; j += 16 * kCols) {
     __mmask16 mask[kCols];
     for (int v = 0; v < kCols; ++v) mask[v] = gemm_detail::lanes(n - j - 16 * v);
-    std::int64_t i = 0;
-    for (; i + kRows <= m; i += kRows)
-      gemm_detail::tile<op, kRows, kCols>(k, a_at<op>(a, lda, i, 0), lda, b + j, ldb, accumulate,
-                                          beta, c + i * ldc + j, ldc, mask);
-    if (i < m)
-      gemm_detail::tail_tile<op, kRows - 1, kCols>(m - i, k, a_at<op>(a, lda, i, 0), lda, b + j,
-                                                   ldb, accumulate, beta, c + i * ldc + j, ldc,
-                                                   mask);
+    for (std::int64_t i = 0; i < m; i += kRows) {
+      const std::int64_t rows = std::min<std::int64_t>(kRows, m - i);
+      float* ct = c + i * ldc + j;
+      if (shape == Shape::c_lower && j > i + rows - 1) {
+        for (std::int64_t r = 0; r < rows; ++r)
+          for (int v = 0; v < kCols; ++v)
+            _mm512_mask_storeu_ps(ct + r * ldc + 16 * v, mask[v], _mm512_setzero_ps());
+        continue;
+      }
+      const auto [p0, p1] = k_range(i, rows);
+      const float *at = a_at<op>(a, lda, i, p0), *bt = b + p0 * ldb + j;
+      if (rows == kRows)
+        gemm_detail::tile<op, kRows, kCols>(p1 - p0, at, lda, bt, ldb, accumulate, beta, ct, ldc,
+                                            mask);
+      else
+        gemm_detail::tail_tile<op, kRows - 1, kCols>(rows, p1 - p0, at, lda, bt, ldb, accumulate,
+                                                     beta, ct, ldc, mask);
+    }
   }
 #else
   for (std::int64_t i = 0; i < m; ++i) {
     float* row = c + i * ldc;
     for (std::int64_t j = 0; j < n; ++j) row[j] = accumulate ? beta * row[j] : 0.0f;
-    for (std::int64_t p = 0; p < k; ++p) {
+    const auto [p0, p1] = k_range(i, 1);
+    for (std::int64_t p = p0; p < p1; ++p) {
       const float x = *a_at<op>(a, lda, i, p);
       const float* brow = b + p * ldb;
       for (std::int64_t j = 0; j < n; ++j) row[j] += x * brow[j];
