@@ -22,10 +22,13 @@ using ConstBlock = Eigen::Map<const Mat, 0, Stride>;
 // A thread's scratch for one chunk's key rows: pack_keys writes rows(), Chunk::prepare reads
 // chunk(). Sized for chunks of up to C tokens.
 struct KeyScratch {
-  Mat q, k, qk, kk;  // [C, K], [C, K], [C, C], [C, C]
-  Vec rq, rk;        // [C]
-  KeyScratch(std::int64_t C, std::int64_t K) : q(C, K), k(C, K), qk(C, C), kk(C, C), rq(C), rk(C) {}
-  KeyRows rows() { return {q.data(), k.data(), rq.data(), rk.data(), qk.data(), kk.data()}; }
+  Mat q, k, qk, kk, kt;  // [C, K], [C, K], [C, C], [C, C], [K, C]
+  Vec rq, rk;            // [C]
+  KeyScratch(std::int64_t C, std::int64_t K)
+      : q(C, K), k(C, K), qk(C, C), kk(C, C), kt(K, C), rq(C), rk(C) {}
+  KeyRows rows() {
+    return {q.data(), k.data(), rq.data(), rk.data(), qk.data(), kk.data(), kt.data()};
+  }
   KeyChunk chunk() const { return {q.data(), k.data(), qk.data(), kk.data()}; }
 };
 

@@ -6,6 +6,7 @@
 
 #include "core/reset.h"
 #include "cpu/chunk.h"
+#include "cpu/gemm.h"
 
 namespace gdn::cpu {
 
@@ -39,11 +40,11 @@ void pack_keys(const DeltaRuleInputs& in, const core::Layout& at, std::int64_t b
     out.rq[i] = in.use_qk_l2norm ? l2_normalize(out.q + i * K, K) : 1.0f;
     out.rk[i] = in.use_qk_l2norm ? l2_normalize(out.k + i * K, K) : 1.0f;
   }
-  const Rows Q(out.q, c, K), Kc(out.k, c, K);
+  transpose(c, K, out.k, K, out.kt, c);
+  gemm<Op::N, Shape::c_lower>(c, c, K, out.q, K, out.kt, c, out.qk, C, false);
+  gemm<Op::N, Shape::c_lower>(c, c, K, out.k, K, out.kt, c, out.kk, C, false);
   Block qk(out.qk, c, c, Stride(C));
   Block kk(out.kk, c, c, Stride(C));
-  qk.triangularView<Eigen::Lower>() = Q * Kc.transpose();
-  kk.triangularView<Eigen::Lower>() = Kc * Kc.transpose();
   qk.triangularView<Eigen::StrictlyUpper>().setZero();
   kk.triangularView<Eigen::StrictlyUpper>().setZero();
 }
@@ -67,27 +68,31 @@ Packed pack(const DeltaRuleInputs& in, const DeltaRuleShape& s, const std::vecto
            .beta = Buffer(value_rows),
            .reset = Buffer(value_rows)};
   const auto tasks = static_cast<std::int64_t>(spans.size()) * s.HK;
-#pragma omp parallel for schedule(dynamic)
-  for (std::int64_t task = 0; task < tasks; ++task) {
-    const Span& span = spans[static_cast<std::size_t>(task / s.HK)];
-    const Sequence& seq = seqs[static_cast<std::size_t>(span.n)];
-    const std::int64_t hk = task % s.HK, b = seq.batch, t = seq.begin + span.t0, c = span.c;
-    if (keys) {
-      const std::int64_t row = p.key_row(b, hk, t);
-      pack_keys(in, at, b, hk, t, c, C,
-                {p.q.data() + row * K, p.k.data() + row * K, p.rq.data() + row, p.rk.data() + row,
-                 p.qk.data() + row * C, p.kk.data() + row * C});
-    }
-    for (std::int64_t hv = hk * group; hv < (hk + 1) * group; ++hv) {
-      const std::int64_t first = p.value_row(b, hv, t);
-      float running = 0;  // H_i = sum of g_j, j <= i, over the j that are not resets
-      for (std::int64_t i = 0; i < c; ++i) {
-        const auto g = core::load<float>(in.g, at.gate(b, t + i, hv));
-        const bool reset = core::is_reset(g);
-        if (!reset) running += g;
-        p.H[first + i] = running;
-        p.reset[first + i] = reset ? 1.0f : 0.0f;
-        p.beta[first + i] = core::load<float>(in.beta, at.gate(b, t + i, hv));
+#pragma omp parallel
+  {
+    Mat kt(keys ? K : 0, keys ? C : 0);  // pack_keys' scratch for K^T
+#pragma omp for schedule(dynamic)
+    for (std::int64_t task = 0; task < tasks; ++task) {
+      const Span& span = spans[static_cast<std::size_t>(task / s.HK)];
+      const Sequence& seq = seqs[static_cast<std::size_t>(span.n)];
+      const std::int64_t hk = task % s.HK, b = seq.batch, t = seq.begin + span.t0, c = span.c;
+      if (keys) {
+        const std::int64_t row = p.key_row(b, hk, t);
+        pack_keys(in, at, b, hk, t, c, C,
+                  {p.q.data() + row * K, p.k.data() + row * K, p.rq.data() + row, p.rk.data() + row,
+                   p.qk.data() + row * C, p.kk.data() + row * C, kt.data()});
+      }
+      for (std::int64_t hv = hk * group; hv < (hk + 1) * group; ++hv) {
+        const std::int64_t first = p.value_row(b, hv, t);
+        float running = 0;  // H_i = sum of g_j, j <= i, over the j that are not resets
+        for (std::int64_t i = 0; i < c; ++i) {
+          const auto g = core::load<float>(in.g, at.gate(b, t + i, hv));
+          const bool reset = core::is_reset(g);
+          if (!reset) running += g;
+          p.H[first + i] = running;
+          p.reset[first + i] = reset ? 1.0f : 0.0f;
+          p.beta[first + i] = core::load<float>(in.beta, at.gate(b, t + i, hv));
+        }
       }
     }
   }

@@ -46,9 +46,10 @@ struct KeyChunk {
   const float *q, *k, *qk, *kk;
 };
 
-// Where pack_keys writes a chunk's key rows, with the l2norm factors rq, rk [c].
+// Where pack_keys writes a chunk's key rows, with the l2norm factors rq, rk [c]; kt [K, c] is
+// its scratch for K^T.
 struct KeyRows {
-  float *q, *k, *rq, *rk, *qk, *kk;
+  float *q, *k, *rq, *rk, *qk, *kk, *kt;
 };
 
 // Tokens [t, t + c) of batch row b, key head hk: q, k loaded (and normalized when asked), then
