@@ -16,6 +16,12 @@
 // B once per warp, and its ldmatrix traffic bounded the kernel); row sums reduce over the 4
 // lanes of a row.
 //
+// Every global read is a cp.async into shared memory, issued as early as a free tile allows (one
+// block per SM: 223 KB): a value head's tiles together (V too), the next value head's Vn, dVn
+// and dS^T during this one, and, during the last, the input rows q, k and rq, rk that the
+// l2norm's backward reads at the end. (Plain loads of V and of q, k at their point of use
+// stalled the whole block on memory latency: 8% of the kernel at T = 64k.)
+//
 // Deterministic: no float atomics, every sum is added in an order fixed by the code, so dq dk dv
 // dg dbeta are bitwise the same run to run. dG_i and db_i have partial sums from several warps:
 // each warp keeps its own in shared slots that no other thread writes, and one pass adds the
@@ -40,24 +46,27 @@ constexpr int kThreads = 32 * kWarps;
 
 // The B operands are swizzled tiles (1024-byte aligned), the A-only ones padded ldmatrix tiles.
 struct GradSmem {
-  static constexpr int q = 0;                 // bf16 [64][128] swizzled  Q
-  static constexpr int k = q + kC * kD * 2;   // bf16 [64][128] swizzled  K
-  static constexpr int st = k + kC * kD * 2;  // bf16 [128][128] swizzled dS^T (the next's early)
-  static constexpr int h = st + kD * kD * 2;  // bf16 [128][128] swizzled S^T
-  static constexpr int vn = h + kD * kD * 2;  // bf16 [2][64][128] swizzled Vn
+  static constexpr int q = 0;                       // bf16 [64][128] swizzled  Q
+  static constexpr int k = q + kC * kD * 2;         // bf16 [64][128] swizzled  K
+  static constexpr int st = k + kC * kD * 2;        // bf16 [128][128] swizzled dS^T, then x
+  static constexpr int h = st + kD * kD * 2;        // bf16 [128][128] swizzled S^T
+  static constexpr int vn = h + kD * kD * 2;        // bf16 [2][64][128] swizzled Vn, then F
   static constexpr int dvn = vn + 2 * kC * kD * 2;  // bf16 [2][64][128] swizzled dVn, then -dR
   static constexpr int a = dvn + 2 * kC * kD * 2;   // bf16 [64][72]  A, then dP * decay
   static constexpr int d_o = a + kC * kLdH64 * 2;   // bf16 [64][136] dO
   static constexpr int dls = d_o + kC * kLdH * 2;   // bf16 [64][72]  F + F^T
-  static constexpr int f = dls + kC * kLdH64 * 2;   // f32 [64][68]   F
-  static constexpr int vec = f + kC * kLdF64 * 4;   // f32 [3][64] G, beta, g is a reset (1, 0)
+  static constexpr int v = dls + kC * kLdH64 * 2;   // In [64][136]   V
+  static constexpr int vec = v + kC * kLdH * 2;     // f32 [3][64] G, beta, g is a reset (1, 0)
   static constexpr int rows = vec + 3 * kC * 4;     // f32 [2][2][64] dG, db row sums (half, row)
   static constexpr int cols = rows + 4 * kC * 4;    // f32 [4][64] dG column sums (block, column)
   static constexpr int extra = cols + 4 * kC * 4;   // f32 [8] gamma's gradient (warp)
   static constexpr int dots = extra + kWarps * 4;   // f32 [2][2][64] (q or k, half, row)
+  static constexpr int r = dots + 4 * kC * 4;       // f32 [2][64] rq, rk
   // + 1024: the dynamic shared memory is aligned up to 1024 bytes (align_1024).
-  static constexpr int bytes = dots + 4 * kC * 4 + 1024;
+  static constexpr int bytes = r + 2 * kC * 4 + 1024;
 };
+// dS^T's tile takes, in the last value head once done with dS^T, the input rows x = q, k
+// (In [2][64][128]) for the l2norm's backward, and Vn's tile F (f32 [64][64]) once done with Vn.
 static_assert(GradSmem::bytes <= 227 * 1024, "one block fits in a Hopper SM's shared memory");
 
 // Sums v over the 4 lanes that share a row.
@@ -112,7 +121,9 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
   bf16* dpd = ab;
   bf16* dos = reinterpret_cast<bf16*>(smem + GradSmem::d_o);
   bf16* dls = reinterpret_cast<bf16*>(smem + GradSmem::dls);
-  float* F = reinterpret_cast<float*>(smem + GradSmem::f);
+  In* vs = reinterpret_cast<In*>(smem + GradSmem::v);
+  In* xs = reinterpret_cast<In*>(st);  // [2][64][128] q, k rows (the end)
+  float* rs = reinterpret_cast<float*>(smem + GradSmem::r);
   float* G = reinterpret_cast<float*>(smem + GradSmem::vec);
   float* beta = G + kC;
   float* reset = beta + kC;
@@ -155,6 +166,9 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
     const In* d_o = static_cast<const In*>(p.d_o) + vrow * kD;
     bf16* vn = vn_tiles + (gi % 2) * kC * kD;
     bf16* dvn = dvn_tiles + (gi % 2) * kC * kD;
+    // F's element (i, j) at i * 64 + (j ^ (i % 32)): rows and columns read without bank conflicts.
+    float* F = reinterpret_cast<float*>(vn);
+    auto f_at = [](int i, int j) { return i * kC + (j ^ (i % 32)); };
     if (gi == 0) {  // later value heads' dS^T, Vn and dVn are prefetched by the one before
       issue_rows_swizzled<kD>(st, kD, p.dh + s * kD * kD, kD, kD, kD);
       issue_vn(0);
@@ -162,6 +176,7 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
     issue_rows_swizzled<kD>(hs, kD, p.h + s * kD * kD, kD, kD, kD);
     issue_rows<kC>(ab, kLdH64, p.A + s * kC * kC, kC, kC, kC);
     issue_rows<kD>(dos, kLdH, d_o, p.HV * kD, kC, len);
+    issue_rows<kD>(vs, kLdH, static_cast<const In*>(p.v) + vrow * kD, p.HV * kD, kC, len);
     cp_async_commit();
     const bool prefetch = gi + 1 < group;
     if (prefetch) {
@@ -241,6 +256,13 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
     if (gi + 1 < group) {
       issue_rows_swizzled<kD>(st, kD, p.dh + slot(p, cid, hv + 1) * kD * kD, kD, kD, kD);
       cp_async_commit();
+    } else if (p.l2norm) {  // the inputs of the l2norm's backward, to land by the end
+      for (int which = 0; which < 2; ++which)
+        issue_rows<kD>(xs + which * kC * kD, kD,
+                       static_cast<const In*>(which ? p.k : p.q) + row * kD, p.HK * kD, kC, len);
+      if (tid < 2 * kC && tid % kC < len)
+        cp_async4(rs + tid, (tid < kC ? p.rq : p.rk) + row + (tid % kC) * p.HK);
+      cp_async_commit();
     }
 
     // dR = A^T dVn; dv = diag(beta) dR; db_i += V_i . dR_i; then -dR replaces dVn.
@@ -255,7 +277,6 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
       fence_acc(dr);
     }
     {
-      const In* v = static_cast<const In*>(p.v) + vrow * kD;
       In* dv = static_cast<In*>(p.dv) + vrow * kD;
       float vd[8][4];
 #pragma unroll
@@ -263,13 +284,10 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
 #pragma unroll
         for (int e = 0; e < 4; e += 2) {
           const int i = row_of(e), j = 64 * half + col(nt, e);
-          float2 x = {0.0f, 0.0f};
-          if (i < len) {
-            const long long at = static_cast<long long>(i) * p.HV * kD + j;
-            x = unpack2<In>(*reinterpret_cast<const std::uint32_t*>(v + at));
-            *reinterpret_cast<std::uint32_t*>(dv + at) =
+          const float2 x = unpack2<In>(*reinterpret_cast<const std::uint32_t*>(vs + i * kLdH + j));
+          if (i < len)
+            *reinterpret_cast<std::uint32_t*>(dv + static_cast<long long>(i) * p.HV * kD + j) =
                 pack2<In>(beta[i] * dr[nt][e], beta[i] * dr[nt][e + 1]);
-          }
           vd[nt][e] = x.x, vd[nt][e + 1] = x.y;
         }
       add_row_sums(
@@ -373,15 +391,15 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
 #pragma unroll
       for (int e = 0; e < 4; e += 2) {
         const int i = row_of(e), j = 32 * half + col(nt, e);
-        F[i * kLdF64 + j] = dl[nt][e];
-        F[i * kLdF64 + j + 1] = dl[nt][e + 1];
+        F[f_at(i, j)] = dl[nt][e];
+        F[f_at(i, j + 1)] = dl[nt][e + 1];
         *reinterpret_cast<std::uint32_t*>(dpd + i * kLdH64 + j) =
             pack_bf16(x1[nt][e], x1[nt][e + 1]);
       }
     __syncthreads();
     for (int idx = tid; idx < kC * kC; idx += kThreads) {
       const int i = idx / kC, j = idx % kC;
-      dls[i * kLdH64 + j] = from_float<bf16>(F[i * kLdF64 + j] + F[j * kLdF64 + i]);
+      dls[i * kLdH64 + j] = from_float<bf16>(F[f_at(i, j)] + F[f_at(j, i)]);
     }
     __syncthreads();
 
@@ -479,28 +497,28 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
   }
 
   // dq, dk back through the l2norm (spec 1): dx <- r (dx - x_hat (x_hat . dx)), x_hat = x r,
-  // with x the input q, k. A row's dot sums its 4 lanes, then the two halves in shared memory.
-  float xh[2][8][4] = {}, r[2][2] = {};
+  // with x the input rows q, k and r = rq, rk (staged in shared memory during the last value
+  // head). A row's dot sums its 4 lanes, then the two halves in shared memory.
+  auto x_pair = [&](int which, int i, int nt) {
+    return unpack2<In>(*reinterpret_cast<const std::uint32_t*>(xs + (which * kC + i) * kD +
+                                                               64 * half + 8 * nt + c));
+  };
   if (p.l2norm) {
+    cp_async_wait<0>();
+    __syncthreads();
 #pragma unroll
     for (int which = 0; which < 2; ++which) {
-      const In* x = static_cast<const In*>(which ? p.k : p.q);
       const Acc* d = which ? dk : dq;
       float dot[2] = {};
 #pragma unroll
       for (int h = 0; h < 2; ++h) {  // rows i_lo, i_hi
         const int i = i_lo + 8 * h;
         if (i >= len) continue;
-        const long long at = row + static_cast<long long>(i) * p.HK;
-        r[which][h] = (which ? p.rk : p.rq)[at];
+        const float r = rs[which * kC + i];
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt) {
-          const float2 v = unpack2<In>(
-              *reinterpret_cast<const std::uint32_t*>(x + at * kD + 64 * half + 8 * nt + c));
-          xh[which][nt][2 * h] = v.x * r[which][h];
-          xh[which][nt][2 * h + 1] = v.y * r[which][h];
-          dot[h] +=
-              xh[which][nt][2 * h] * d[nt][2 * h] + xh[which][nt][2 * h + 1] * d[nt][2 * h + 1];
+          const float2 x = x_pair(which, i, nt);
+          dot[h] += x.x * r * d[nt][2 * h] + x.y * r * d[nt][2 * h + 1];
         }
       }
       dot[0] = row_sum(dot[0]);
@@ -521,13 +539,15 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
       const int i = i_lo + 8 * h;
       if (i >= len) continue;
       const float dot = p.l2norm ? dots[2 * which * kC + i] + dots[(2 * which + 1) * kC + i] : 0.0f;
+      const float r = p.l2norm ? rs[which * kC + i] : 1.0f;
       const long long at = (row + static_cast<long long>(i) * p.HK) * kD;
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt) {
         float d0 = d[nt][2 * h], d1 = d[nt][2 * h + 1];
         if (p.l2norm) {
-          d0 = r[which][h] * (d0 - xh[which][nt][2 * h] * dot);
-          d1 = r[which][h] * (d1 - xh[which][nt][2 * h + 1] * dot);
+          const float2 x = x_pair(which, i, nt);
+          d0 = r * (d0 - x.x * r * dot);
+          d1 = r * (d1 - x.y * r * dot);
         }
         *reinterpret_cast<std::uint32_t*>(out + at + 64 * half + 8 * nt + c) = pack2<In>(d0, d1);
       }
