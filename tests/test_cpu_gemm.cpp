@@ -2,7 +2,7 @@
 // the op's shapes and odd ones (tails of the 8 x 32 tiles), leading dimensions wider than the
 // matrices, C overwritten (never read: NaN there stays out) or accumulated into, A as is and
 // transposed, dense or triangular (op(A) lower or upper; only C's lower triangle wanted); the
-// unit-triangular solves; and the transpose, exactly.
+// unit-triangular solves; the transpose, exactly; and the streamed row stores (stream_rows.h).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cpu/gemm.h"
+#include "cpu/stream_rows.h"
 
 namespace gdn::cpu {
 namespace {
@@ -137,6 +138,26 @@ TEST(CpuGemm, TransposeIsExact) {
         for (std::int64_t i = 0; i < ldo; ++i)
           ASSERT_EQ(out[std::size_t(j * ldo + i)], i < rows ? a[std::size_t(i * lda + j)] : -7.0f)
               << rows << "x" << cols << " at " << j << "," << i;
+    }
+}
+
+// stream_row writes exactly the row, at every alignment and length (partial lines at both ends,
+// whole lines between), and leaves its neighbours alone.
+TEST(CpuRows, StreamRowWritesExactlyTheRow) {
+  std::mt19937 rng(17);
+  const std::vector<float> src = random_floats(200, rng);
+  alignas(64) float dst[256];
+  for (std::int64_t offset = 0; offset < 16; ++offset)
+    for (std::int64_t count : {1, 3, 15, 16, 17, 31, 48, 100, 128, 130}) {
+      std::fill(std::begin(dst), std::end(dst), -1.0f);
+      const TensorRef t{dst, DType::f32, {256}};
+      stream_row(t, offset, count, src.data());
+      stream_fence();
+      for (std::int64_t i = 0; i < 256; ++i) {
+        const bool in_row = i >= offset && i < offset + count;
+        ASSERT_EQ(dst[i], in_row ? src[std::size_t(i - offset)] : -1.0f)
+            << "offset " << offset << " count " << count << " at " << i;
+      }
     }
 }
 

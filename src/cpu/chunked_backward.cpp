@@ -17,6 +17,7 @@
 #include "cpu/chunked.h"
 #include "cpu/flush_denormals.h"
 #include "cpu/gemm.h"
+#include "cpu/stream_rows.h"
 
 namespace gdn::cpu {
 namespace {
@@ -173,7 +174,7 @@ void chunked_backward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
             if (x.first[static_cast<std::size_t>(i)] == i) dG[i] = 0;
 
           for (std::int64_t i = 0; i < c; ++i) {
-            core::store_row(gr.dv, at.v(b, t + i, hv), V, v.row(i).data());
+            stream_row(gr.dv, at.v(b, t + i, hv), V, v.row(i).data());
             core::store(gr.dg, at.gate(b, t + i, hv), dG[i]);
             core::store(gr.dbeta, at.gate(b, t + i, hv), dbeta[i]);
           }
@@ -186,14 +187,15 @@ void chunked_backward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
             l2_normalize_backward(keys.q.row(i).data(), keys.rq[i], dq.row(i).data(), K);
             l2_normalize_backward(keys.k.row(i).data(), keys.rk[i], dk.row(i).data(), K);
           }
-          core::store_row(gr.dq, at.qk(b, t + i, hk), K, dq.row(i).data());
-          core::store_row(gr.dk, at.qk(b, t + i, hk), K, dk.row(i).data());
+          stream_row(gr.dq, at.qk(b, t + i, hk), K, dq.row(i).data());
+          stream_row(gr.dk, at.qk(b, t + i, hk), K, dk.row(i).data());
         }
       }
       if (gr.dh0.given())
         for (std::int64_t j = 0; j < group; ++j)
           core::store_row(gr.dh0, at.state(n, hk * group + j), KV, dS[j].data());
     }
+    stream_fence();
   }
 }
 

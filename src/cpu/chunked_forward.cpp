@@ -7,6 +7,7 @@
 #include "cpu/chunked.h"
 #include "cpu/flush_denormals.h"
 #include "cpu/gemm.h"
+#include "cpu/stream_rows.h"
 
 namespace gdn::cpu {
 
@@ -67,7 +68,7 @@ void chunked_forward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
           // S' = exp(G_C) S + (diag(f) K)^T Vn
           gemm<Op::T>(s.K, s.V, c, x.Kf.data(), s.K, R.data(), s.V, S.data(), s.V, true, x.gamma);
           for (std::int64_t i = 0; i < c; ++i)
-            core::store_row(out.o, at.v(seq.batch, t + i, hv), s.V, O.row(i).data());
+            stream_row(out.o, at.v(seq.batch, t + i, hv), s.V, O.row(i).data());
         }
       }
       if (out.final_state.given())
@@ -75,6 +76,7 @@ void chunked_forward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
           core::store_row(out.final_state, at.state(n, hk * group + j), s.K * s.V,
                           states[static_cast<std::size_t>(j)].data());
     }
+    stream_fence();
   }
 }
 
