@@ -225,11 +225,7 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
       Acc dkf[8];
       std::uint32_t a[8][4];
       load_a_swizzled(a, vn, kC, r0);
-      wgmma_fence();
-      wgmma_kn(dkf, a, half128(st), kD, false);
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_acc(dkf);
+      wgmma_kn_wait(dkf, a, half128(st), kD, false);
       const float f_lo = __expf(g_last - G[i_lo]), f_hi = __expf(g_last - G[i_hi]);
       float lo = 0, hi = 0;
 #pragma unroll
@@ -270,11 +266,7 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
     {
       std::uint32_t a[4][4];
       load_a_km(a, ab, kLdH64, r0);
-      wgmma_fence();
-      wgmma_kn(dr, a, half64(dvn), kC, false);
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_acc(dr);
+      wgmma_kn_wait(dr, a, half64(dvn), kC, false);
     }
     {
       In* dv = static_cast<In*>(p.dv) + vrow * kD;
@@ -309,17 +301,9 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
     auto products = [&](auto load1, auto load2, Acc(&out1)[4], Acc(&out2)[4]) {
       std::uint32_t a[8][4];
       load1(a);
-      wgmma_fence();
-      wgmma_nk(out1, a, rows32(vn), false, kC);
-      wgmma_commit();
-      wgmma_wait<0>();
+      wgmma_nk_wait(out1, a, rows32(vn), false, kC);
       load2(a);
-      wgmma_fence();
-      wgmma_nk(out2, a, rows32(ks), false, kC);
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_acc(out1);
-      fence_acc(out2);
+      wgmma_nk_wait(out2, a, rows32(ks), false, kC);
     };
     auto padded = [&](const bf16* tile) {
       return [=](std::uint32_t(&a)[8][4]) { load_a_mk(a, tile, kLdH, r0); };
@@ -407,22 +391,11 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
     {
       std::uint32_t a[4][4];
       load_a_km(a, dpd, kLdH64, r0);
-      wgmma_fence();
-      wgmma_kn(dk, a, half64(qs), kC, true);
-      wgmma_commit();
-      wgmma_wait<0>();
+      wgmma_kn_wait(dk, a, half64(qs), kC, true);
       load_a_mk(a, dls, kLdH64, r0);
-      wgmma_fence();
-      wgmma_kn(dk, a, half64(ks), kC, true);
-      wgmma_commit();
-      wgmma_wait<0>();
+      wgmma_kn_wait(dk, a, half64(ks), kC, true);
       load_a_mk(a, dpd, kLdH64, r0);
-      wgmma_fence();
-      wgmma_kn(dq, a, half64(ks), kC, true);
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_acc(dk);
-      fence_acc(dq);
+      wgmma_kn_wait(dq, a, half64(ks), kC, true);
     }
 
     // [dKb; dQe] = [-dR; scale dO] S^T: dk += diag(beta e) dKb, dq += diag(e) dQe, and their
@@ -437,11 +410,7 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
         load_a_mk(a, dos, kLdH, r0);
       else
         load_a_swizzled(a, ndr, kC, r0);
-      wgmma_fence();
-      wgmma_kn(x, a, half128(hs), kD, false);
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_acc(x);
+      wgmma_kn_wait(x, a, half128(hs), kD, false);
       const float scale = which ? p.scale : 1.0f;
       float lo = 0, hi = 0;
 #pragma unroll

@@ -195,4 +195,24 @@ __device__ inline void wgmma_kn(Acc (&d)[N], const std::uint32_t (&a)[KT][4], co
                         accumulate || kt > 0);
 }
 
+// wgmma_kn and wgmma_nk issued and waited for: d holds the product on return.
+template <int N, int KT>
+__device__ inline void wgmma_kn_wait(Acc (&d)[N], const std::uint32_t (&a)[KT][4], const bf16* x,
+                                     int rows, bool accumulate) {
+  wgmma_fence();
+  wgmma_kn(d, a, x, rows, accumulate);
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_acc(d);
+}
+template <int N, int KT>
+__device__ inline void wgmma_nk_wait(Acc (&d)[N], const std::uint32_t (&a)[KT][4], const bf16* x,
+                                     bool accumulate, int rows = 8 * N) {
+  wgmma_fence();
+  wgmma_nk(d, a, x, accumulate, rows);
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_acc(d);
+}
+
 }  // namespace gdn::cuda
