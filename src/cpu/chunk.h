@@ -59,8 +59,10 @@ struct Chunk {
   }
 
   // The same with the key head's rows of the chunk from `keys` (Packed's gates all the same).
+  // Without `with_q`, what the state's recurrence needs only (the backward's recompute): P and
+  // X's rows diag(e) Q are left as they were, and keys' q and Q K^T are not read.
   void prepare(const KeyChunk& keys, const Packed& p, std::int64_t b, std::int64_t hv,
-               std::int64_t t, std::int64_t n) {
+               std::int64_t t, std::int64_t n, bool with_q = true) {
     c = n;
     K = p.s.K;
     C = p.C;
@@ -87,17 +89,18 @@ struct Chunk {
     gamma = last < 0 ? std::exp(H[c - 1]) : 0.0f;
     // H is non-increasing, so H_i - H_j <= 0 on and below the diagonal: exp never overflows.
     decay.setZero(c, c);
-    P.setZero(c, c);
+    if (with_q) P.setZero(c, c);
     L.setZero(c, c);
     for (std::int64_t i = 0; i < c; ++i) {
       const std::int64_t j0 = std::max<std::int64_t>(first[static_cast<std::size_t>(i)], 0);
       decay.row(i).segment(j0, i + 1 - j0) = (H[i] - H.segment(j0, i + 1 - j0).array()).exp();
-      P.row(i).head(i + 1) = qk.row(i).head(i + 1).cwiseProduct(decay.row(i).head(i + 1));
+      if (with_q)
+        P.row(i).head(i + 1) = qk.row(i).head(i + 1).cwiseProduct(decay.row(i).head(i + 1));
       L.row(i).head(i) = beta[i] * kk().row(i).head(i).cwiseProduct(decay.row(i).head(i));
     }
     X.resize(2 * c, K);
     X.topRows(c).noalias() = beta.cwiseProduct(e).asDiagonal() * k();
-    X.bottomRows(c).noalias() = e.asDiagonal() * q();
+    if (with_q) X.bottomRows(c).noalias() = e.asDiagonal() * q();
     Kf.noalias() = f.asDiagonal() * k();
   }
 };

@@ -70,14 +70,14 @@ void chunked_backward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
       }
       for (std::int64_t ci = 0; ci < chunks; ++ci) {
         const std::int64_t t0 = ci * C, c = std::min(C, seq.length - t0), t = seq.begin + t0;
-        pack_keys(in, at, b, hk, t, c, C, keys.rows());
+        pack_keys(in, at, b, hk, t, c, C, keys.rows(), /*with_q=*/false);  // the state needs no q
         for (std::int64_t j = 0; j < group; ++j) {
           const std::int64_t hv = hk * group + j;
           float* state = states.data() + j * state_stride;
           const Rows S(state + ci * KV, K, V);
           MutableRows next(state + (ci + 1) * KV, K, V),
               vn(vns.data() + j * vn_stride + t0 * V, c, V);
-          x.prepare(keys.chunk(), p, b, hv, t, c);
+          x.prepare(keys.chunk(), p, b, hv, t, c, /*with_q=*/false);
           Y.resize(c, V);
           gemm<Op::N>(c, V, K, x.X.data(), K, S.data(), V, Y.data(), V, false);
           for (std::int64_t i = 0; i < c; ++i)

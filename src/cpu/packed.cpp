@@ -30,23 +30,26 @@ std::vector<Span> chunk_spans(const std::vector<Sequence>& seqs, std::int64_t C)
 }
 
 void pack_keys(const DeltaRuleInputs& in, const core::Layout& at, std::int64_t b, std::int64_t hk,
-               std::int64_t t, std::int64_t c, std::int64_t C, const KeyRows& out) {
+               std::int64_t t, std::int64_t c, std::int64_t C, const KeyRows& out, bool with_q) {
   const std::int64_t K = at.s.K;
   // The loads first, in a loop of their own: each row is on its own page of the caller's tensor,
   // and a normalization between them held back the next rows' loads.
-  for (std::int64_t i = 0; i < c; ++i) core::load_row(in.q, at.qk(b, t + i, hk), K, out.q + i * K);
+  if (with_q)
+    for (std::int64_t i = 0; i < c; ++i)
+      core::load_row(in.q, at.qk(b, t + i, hk), K, out.q + i * K);
   for (std::int64_t i = 0; i < c; ++i) core::load_row(in.k, at.qk(b, t + i, hk), K, out.k + i * K);
   for (std::int64_t i = 0; i < c; ++i) {
-    out.rq[i] = in.use_qk_l2norm ? l2_normalize(out.q + i * K, K) : 1.0f;
+    if (with_q) out.rq[i] = in.use_qk_l2norm ? l2_normalize(out.q + i * K, K) : 1.0f;
     out.rk[i] = in.use_qk_l2norm ? l2_normalize(out.k + i * K, K) : 1.0f;
   }
   transpose(c, K, out.k, K, out.kt, c);
-  gemm<Op::N, Shape::c_lower>(c, c, K, out.q, K, out.kt, c, out.qk, C, false);
   gemm<Op::N, Shape::c_lower>(c, c, K, out.k, K, out.kt, c, out.kk, C, false);
-  Block qk(out.qk, c, c, Stride(C));
   Block kk(out.kk, c, c, Stride(C));
-  qk.triangularView<Eigen::StrictlyUpper>().setZero();
   kk.triangularView<Eigen::StrictlyUpper>().setZero();
+  if (!with_q) return;
+  gemm<Op::N, Shape::c_lower>(c, c, K, out.q, K, out.kt, c, out.qk, C, false);
+  Block qk(out.qk, c, c, Stride(C));
+  qk.triangularView<Eigen::StrictlyUpper>().setZero();
 }
 
 Packed pack(const DeltaRuleInputs& in, const DeltaRuleShape& s, const std::vector<Span>& spans,

@@ -53,9 +53,11 @@ struct KeyRows {
 };
 
 // Tokens [t, t + c) of batch row b, key head hk: q, k loaded (and normalized when asked), then
-// Q K^T and K K^T, rows C apart.
+// Q K^T and K K^T, rows C apart. Without `with_q`, k and K K^T only (q, rq and Q K^T are left
+// as they were).
 void pack_keys(const DeltaRuleInputs& in, const core::Layout& at, std::int64_t b, std::int64_t hk,
-               std::int64_t t, std::int64_t c, std::int64_t C, const KeyRows& out);
+               std::int64_t t, std::int64_t c, std::int64_t C, const KeyRows& out,
+               bool with_q = true);
 
 struct Packed {
   DeltaRuleShape s;
