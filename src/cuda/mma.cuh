@@ -107,12 +107,6 @@ __device__ inline const bf16* b_rows_nk(const bf16* base, int ld, int n0, int k0
   const int l = threadIdx.x % 32;
   return base + (n0 + l % 8) * ld + k0 + 8 * (l / 8);
 }
-// B fragments (with ldmatrix .trans) of X for k-tile k0.. and 8-column tiles n0, n0 + 8, where X
-// is stored with the B matrix's k as rows (X[k][n]).
-__device__ inline const bf16* b_rows_kn(const bf16* base, int ld, int k0, int n0) {
-  const int l = threadIdx.x % 32, m = l / 8;
-  return base + (k0 + (m & 1) * 8 + l % 8) * ld + n0 + (m >> 1) * 8;
-}
 // A fragment (with .trans) of X^T rows m0.. (16) and k-tile k0.., where X is stored as X[k][m];
 // the same addresses with stmatrix .trans write an A fragment back as X[k][m].
 template <typename T>
@@ -132,36 +126,6 @@ template <int KT>
 __device__ inline void load_a_km(std::uint32_t (&a)[KT][4], const bf16* x, int ld, int m0) {
 #pragma unroll
   for (int kt = 0; kt < KT; ++kt) ldmatrix_x4_trans(a[kt], a_rows_km(x, ld, m0, 16 * kt));
-}
-
-// acc[nt] += a B for the 8-column tiles nt of B (columns n0 + 8 nt ..), a holding KT k-tiles:
-// mma_nk when B = X^T for a tile X stored with B's n as rows (X[n][k]), mma_kn when B = X for
-// a tile stored with B's k as rows (X[k][n]).
-template <int N, int KT>
-__device__ inline void mma_nk(Acc (&acc)[N], const std::uint32_t (&a)[KT][4], const bf16* x, int ld,
-                              int n0 = 0) {
-#pragma unroll
-  for (int nt = 0; nt < N; ++nt)
-#pragma unroll
-    for (int kp = 0; kp < KT / 2; ++kp) {
-      std::uint32_t b[4];
-      ldmatrix_x4(b, b_rows_nk(x, ld, n0 + 8 * nt, 32 * kp));
-      mma(acc[nt], a[2 * kp], b[0], b[1]);
-      mma(acc[nt], a[2 * kp + 1], b[2], b[3]);
-    }
-}
-template <int N, int KT>
-__device__ inline void mma_kn(Acc (&acc)[N], const std::uint32_t (&a)[KT][4], const bf16* x, int ld,
-                              int n0 = 0) {
-#pragma unroll
-  for (int kt = 0; kt < KT; ++kt)
-#pragma unroll
-    for (int np = 0; np < N / 2; ++np) {
-      std::uint32_t b[4];
-      ldmatrix_x4_trans(b, b_rows_kn(x, ld, 16 * kt, n0 + 16 * np));
-      mma(acc[2 * np], a[kt], b[0], b[1]);
-      mma(acc[2 * np + 1], a[kt], b[2], b[3]);
-    }
 }
 
 }  // namespace gdn::cuda

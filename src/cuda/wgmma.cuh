@@ -169,8 +169,8 @@ __device__ inline void wgmma_tile(Acc (&d)[N], const std::uint32_t (&a)[4], std:
 }
 
 // d (+)= a X^T, X 8 N rows (B's n) and 16 KT columns (B's k) of a swizzled tile of `rows` rows
-// (x: the first of those rows, a multiple of 8 into the tile): the warpgroup analog of mma_nk.
-// Issues only; the caller commits and waits.
+// (x: the first of those rows, a multiple of 8 into the tile). Issues only; the caller commits
+// and waits.
 template <int N, int KT>
 __device__ inline void wgmma_nk(Acc (&d)[N], const std::uint32_t (&a)[KT][4], const bf16* x,
                                 bool accumulate, int rows = 8 * N) {
@@ -183,7 +183,7 @@ __device__ inline void wgmma_nk(Acc (&d)[N], const std::uint32_t (&a)[KT][4], co
                          accumulate || kt > 0);
 }
 // d (+)= a X, X a swizzled tile of `rows` rows (B's k, 16 KT of them used) and 8 N columns
-// (B's n; x may start at a later 64-column block, x + 64 rows b): the analog of mma_kn.
+// (B's n; x may start at a later 64-column block, x + 64 rows b).
 template <int N, int KT>
 __device__ inline void wgmma_kn(Acc (&d)[N], const std::uint32_t (&a)[KT][4], const bf16* x,
                                 int rows, bool accumulate) {
