@@ -4,7 +4,7 @@ against a float64 reference, on the same inputs.
     python3 bench/peers.py                 # every peer, each in its own process; a table last
     python3 bench/peers.py --peers gdn,fla --part speed   # some peers, one part
     python3 bench/peers.py --peer fla      # one peer's speed in this process (gdn, fla,
-                                           # flashqla, transformers)
+                                           # flashqla, flashqla-nocp, transformers)
     bash bench/gpu_peers.sh --part speed   # on the GPU machine: the carried wheels installed
                                            # first, the peers' kernel caches kept
 
@@ -17,8 +17,9 @@ graph and replayed 20 times per event pair, median of 5 pairs, so Python and lau
 out (a peer whose call cannot be captured is timed by 20 back-to-back calls per event pair, and
 the table says so). bf16 q, k, v, beta; f32 g; l2norm in the kernel. FLA runs its own Triton
 kernels (FLA_DISABLE_BACKEND_DISPATCH=1: FLA 0.6 otherwise hands the call to FlashQLA), FlashQLA
-its defaults (auto_cp: its intra-GPU context parallelism), transformers its torch loop with
-flash-linear-attention hidden from it.
+its defaults (auto_cp: its intra-GPU context parallelism) and, as flashqla-nocp, its kernels
+without that (auto_cp=False), transformers its torch loop with flash-linear-attention hidden
+from it.
 
 Accuracy: relative Frobenius error of o, the final state and every gradient against gdn's float64
 CPU recurrence (itself tested against a torch float64 loop), HK=1 HV=2, T = 4k and 64k, strong,
@@ -39,7 +40,7 @@ import torch
 SPEED_SHAPES = [(1, 4096, 16, 32), (1, 16384, 16, 32), (1, 65536, 16, 32), (8, 8192, 16, 32),
                 (1, 65536, 1, 2)]
 ACCURACY_CASES = [(T, gates) for T in (4096, 65536) for gates in ("strong", "weak", "mixed")]
-PEERS = ("gdn", "fla", "flashqla", "transformers")
+PEERS = ("gdn", "fla", "flashqla", "flashqla-nocp", "transformers")
 OUTPUTS = ("o", "final_state", "dq", "dk", "dv", "dg", "dbeta", "dh0")
 
 
@@ -62,6 +63,10 @@ def load(peer):
     if peer == "flashqla":
         import flash_qla
         return flash_qla.chunk_gated_delta_rule
+    if peer == "flashqla-nocp":  # its kernels alone, without its intra-GPU CP (auto_cp)
+        import functools
+        import flash_qla
+        return functools.partial(flash_qla.chunk_gated_delta_rule, auto_cp=False)
     if peer == "transformers":
         sys.modules["fla"] = None  # transformers would dispatch to FLA when it imports
         from transformers.models.qwen3_5 import modeling_qwen3_5 as m
