@@ -5,10 +5,13 @@ On the CPU the ranks are threads of this process (gdn.run_virtual_ranks) and aut
 each. The sharded op is held to the single-rank gdn op within 2e-5: in float32 the strategies
 only reorder sums of terms of like size, about 1e-6 here, while a wrong halo, mask or state is
 off by 1e-2 or more. A sharded transformers layer or model is held to its unsharded float64 self
-(transformers' torch loop): every output and gradient within twice the error of the unsharded
-float32 module run through gdn (gdn.patch_transformers), plus 2e-6. A parameter's gradient sums
-per-token terms that can largely cancel, so its error can be far above float32's epsilon for the
-single-rank module too; the bound follows it instead of a fixed number. On the H200: virtual
+run through gdn (gdn.patch_transformers on the double module: gdn's float64 recurrence;
+transformers' own torch loop computes in float32 whatever its inputs' dtype, so a double module
+left to it is no float64 reference): every output and gradient within twice the error of the
+unsharded float32 module run through gdn, plus 2e-6. A parameter's gradient sums per-token terms
+that can largely cancel, so its error can be far above float32's epsilon for the single-rank
+module too (dt_bias and A_log about 1e-2 in test_model_cpu, for transformers' float32 loop as for
+gdn); the bound follows it instead of a fixed number. On the H200: virtual
 ranks sharing the GPU (forward through the wrapper; backward through the op object, since torch
 runs every CUDA backward of a process on one thread) and a real NCCL group made from
 torch.distributed (one process)."""
@@ -148,7 +151,7 @@ def test_layer_cpu(strategy, ranks, masked):
         mask = torch.ones(2, T, dtype=torch.int64)
         mask[1, :T // ranks + 3] = 0
     d_out = torch.randn(2, T, 64)
-    exact = layer_run(copy.deepcopy(layer).double(), x.double(), mask, d_out.double())
+    exact = layer_run(patched(layer).double(), x.double(), mask, d_out.double())
     single = layer_run(patched(layer), x, mask, d_out)
 
     def rank_fn(comm):
@@ -177,7 +180,7 @@ def test_model_cpu():
         out.backward(d.to(out.dtype))
         return out.detach(), {n: p.grad.clone() for n, p in m.named_parameters()}
 
-    exact = run(copy.deepcopy(model).double(), ids, d_out)
+    exact = run(patched(model).double(), ids, d_out)
     single = run(patched(model), ids, d_out)
 
     def rank_fn(comm):
