@@ -1,5 +1,6 @@
-// Times the CUDA delta rule (forward, forward + backward) at the reference shapes, with CUDA
-// events: 3 warm-ups, the median of 10 runs, two input sets alternated (each larger than L2).
+// Times the CUDA delta rule (forward, forward + backward) at the reference shapes, then at
+// T=65536 with strong and with weak gates and with 2 value heads, with CUDA events: 3 warm-ups,
+// the median of 10 runs, two input sets alternated (each larger than L2).
 //
 // FLOPs (forward, per chunk of C tokens per value head, tensor-core GEMMs at 2 FLOP per MAC,
 // FLA's form plus the C^3/3 of the triangular inverse):
@@ -16,7 +17,13 @@ namespace {
 
 using namespace bench;
 
-void run(std::int64_t B, std::int64_t T, std::int64_t HK, std::int64_t HV) {
+// Gates (cuda_bench.cuh's kinds): the model-like default, strong (short memory), weak (long).
+enum Gates { model = 2, strong = 3, weak = 4 };
+const char* gates_name(Gates g) {
+  return g == model ? "" : g == strong ? " strong gates" : " weak gates";
+}
+
+void run(std::int64_t B, std::int64_t T, std::int64_t HK, std::int64_t HV, Gates gates = model) {
   constexpr std::int64_t K = 128, V = 128, C = 64;
   const long long qk = B * T * HK * K, vv = B * T * HV * V, gate = B * T * HV;
   struct Set {
@@ -29,7 +36,7 @@ void run(std::int64_t B, std::int64_t T, std::int64_t HK, std::int64_t HV) {
     fill(set->q, qk, 0, 10 * s + 1);
     fill(set->k, qk, 0, 10 * s + 2);
     fill(set->v, vv, 0, 10 * s + 3);
-    fill(set->g, gate, 2, 10 * s + 4);
+    fill(set->g, gate, gates, 10 * s + 4);
     fill(set->beta, gate, 1, 10 * s + 5);
     fill(set->d_o, vv, 0, 10 * s + 6);
     sets.push_back(set);
@@ -83,12 +90,13 @@ void run(std::int64_t B, std::int64_t T, std::int64_t HK, std::int64_t HV) {
       chunks * (2.0 * (3 * C * C * K + 2 * C * C * V + 3 * C * K * V) + C * C * C / 3.0);
   const double io = 2.0 * (2 * qk + vv + gate) * 2 / 2 + gate * 4 + vv * 2;  // in + o bytes
   std::printf(
-      "gdn-cuda B=%lld T=%lld HK=%lld HV=%lld: fwd %.3f ms (%.1f TFLOP/s, workspace %.2f GiB) | "
+      "gdn-cuda B=%lld T=%lld HK=%lld HV=%lld%s: fwd %.3f ms (%.1f TFLOP/s, workspace %.2f GiB) | "
       "fwd+bwd %.3f ms (%.1f TFLOP/s at 4F, workspaces %.2f + %.2f GiB) | inputs+outputs %.2f "
       "GiB\n",
       static_cast<long long>(B), static_cast<long long>(T), static_cast<long long>(HK),
-      static_cast<long long>(HV), fwd, flops / fwd / 1e9, ws_fwd / 1073741824.0, fwd_bwd,
-      4 * flops / fwd_bwd / 1e9, ws_train / 1073741824.0, ws_bwd / 1073741824.0, io / 1073741824.0);
+      static_cast<long long>(HV), gates_name(gates), fwd, flops / fwd / 1e9, ws_fwd / 1073741824.0,
+      fwd_bwd, 4 * flops / fwd_bwd / 1e9, ws_train / 1073741824.0, ws_bwd / 1073741824.0,
+      io / 1073741824.0);
   std::fflush(stdout);
   GDN_CUDA_CHECK(cudaStreamDestroy(stream));
   for (Set* s : sets) delete s;
@@ -102,6 +110,9 @@ int main() {
     run(1, 16384, 16, 32);
     run(1, 65536, 16, 32);
     run(8, 8192, 16, 32);
+    run(1, 65536, 16, 32, strong);
+    run(1, 65536, 16, 32, weak);
+    run(1, 65536, 1, 2);  // few heads, long T: the case that needs in-GPU parallelism most
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_cuda: %s\n", e.what());
     return 1;

@@ -32,8 +32,14 @@ __global__ void fill_kernel(void* out, long long n, int kind, unsigned seed) {
       case 1:  // beta: bf16 in (0, 1)
         static_cast<__nv_bfloat16*>(out)[i] = __float2bfloat16(0.02f + 0.96f * u);
         break;
-      default:  // g: f32 log decay in [-0.5, -0.001)
+      case 2:  // g: f32 log decay in [-0.5, -0.001)
         static_cast<float*>(out)[i] = -0.001f - 0.5f * u;
+        break;
+      case 3:  // g, strong gates (short memory): [-2.1, -0.1), as bench/peers.py's
+        static_cast<float*>(out)[i] = -0.1f - 2.0f * u;
+        break;
+      default:  // g, weak gates (long memory): [-0.0101, -0.0001), as bench/peers.py's
+        static_cast<float*>(out)[i] = -1e-4f - 0.01f * u;
     }
   }
 }
