@@ -17,7 +17,7 @@
 // lanes of a row.
 //
 // Every global read is a cp.async into shared memory, issued as early as a free tile allows (one
-// block per SM: 223 KB): a value head's tiles together (V too), the next value head's Vn, dVn
+// block per SM: 217 KiB): a value head's tiles together (V too), the next value head's Vn, dVn
 // and dS^T during this one, and, during the last, the input rows q, k and rq, rk that the
 // l2norm's backward reads at the end. (Plain loads of V and of q, k at their point of use
 // stalled the whole block on memory latency: 8% of the kernel at T = 64k.)
