@@ -52,13 +52,13 @@ for stage in $stages; do
         grep -E "RACECHECK SUMMARY|PASSED|FAILED" ;;
     profile)
       ncu --clock-control none --metrics gpu__time_duration.sum .device/gdn run --device cuda \
-        -T 65536 >"$out/ncu.log" 2>&1
+        -T 65536 --ranks 1 >"$out/ncu.log" 2>&1
       grep -E "^  [a-zA-Z_ <>:,0-9]+\(|gpu__time_duration" "$out/ncu.log" |
         sed -E 's/^ *(void )?//; s/\(Params.*//; s/gpu__time_duration.sum//' | paste - - ;;
     stalls)  # why each kernel waits (cycles per issued instruction by stall reason), T=16384
       ncu --clock-control none --section WarpStateStats --section SchedulerStats --print-details all \
-        -k regex:'chunk_prep|state_|grad_chunk' .device/gdn run --device cuda -T 16384 \
-        >"$out/stalls.log" 2>&1
+        -k regex:'chunk_prep|state_|grad_chunk' -c 7 .device/gdn run --device cuda -T 16384 \
+        --ranks 1 >"$out/stalls.log" 2>&1
       grep -E "^  [a-zA-Z_ <>:,0-9]+\(|Issued Ipc|No Eligible|Stall [A-Z]" "$out/stalls.log" |
         grep -vE " 0(\.0+)?$" | sed -E 's/^ *(void )?//; s/\(Params.*//' ;;
     bench)  # gdn and its peers by CUDA-graph replay (bench/gpu_peers.sh installs the wheels)
