@@ -12,15 +12,15 @@ namespace {
 
 // Measured on the 2-core CI machine kind with bench/bench_cp (bench/RESULTS.md, "CP cost model"),
 // medians of repeated runs: t from the forward's CPU time, the ratios from the passes' CPU times.
-constexpr double kForwardSecondsPerTokenHead = 4.7e-6;  // t per token and value head, one core
-constexpr double kBackwardRatio = 2.08;                 // t_b / t
-constexpr double kSummaryRatio = 1.97;                  // s: summary (M, N) / local forward
-constexpr double kFirstSummaryRatio = 0.77;             // s_N: summary N alone / local forward
-constexpr double kGPassRatio = 0.39;                    // g: G pass / local backward
-constexpr double kMessageSeconds = 8.3e-6;              // a: one in-process message
-constexpr double kBytesPerSecond = 4.1e9;               // b: in-process, 8 MiB messages
-constexpr double kComposeSecondsPerHead = 0.105e-3;     // c: one (M, N) composition, K = V = 128
-constexpr double kRelayoutSecondsPerByte = 3.2e-9;      // u: Ulysses' re-layout, one thread
+constexpr double kForwardSecondsPerTokenHead = 1.58e-6;  // t per token and value head, one core
+constexpr double kBackwardRatio = 3.35;                  // t_b / t
+constexpr double kSummaryRatio = 1.54;                   // s: summary (M, N) / local forward
+constexpr double kFirstSummaryRatio = 0.99;              // s_N: summary N alone / local forward
+constexpr double kGPassRatio = 0.38;                     // g: G pass / local backward
+constexpr double kMessageSeconds = 8.3e-6;               // a: one in-process message
+constexpr double kBytesPerSecond = 4.1e9;                // b: in-process, 8 MiB messages
+constexpr double kComposeSecondsPerHead = 0.091e-3;      // c: one (M, N) composition, K = V = 128
+constexpr double kRelayoutSecondsPerByte = 3.2e-9;       // u: Ulysses' re-layout, one thread
 
 double local_forward_seconds(const ShardPlan& plan, int threads) {
   const DeltaRuleShape& s = plan.shape;
