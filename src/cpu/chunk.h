@@ -13,10 +13,10 @@ namespace gdn::cpu {
 
 using Mat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 using Vec = Eigen::VectorXf;
-using Rows = Eigen::Map<const Mat>;  // a chunk's rows of a [.., T, D] field of Packed
+using Rows = Eigen::Map<const Mat>;  // consecutive rows of a row-major field
 using MutableRows = Eigen::Map<Mat>;
 using Stride = Eigen::OuterStride<>;
-using Block = Eigen::Map<Mat, 0, Stride>;  // a chunk's c x c block of a [.., T, C] field
+using Block = Eigen::Map<Mat, 0, Stride>;  // a c x c block of rows C apart
 using ConstBlock = Eigen::Map<const Mat, 0, Stride>;
 
 // A thread's scratch for one chunk's key rows: pack_keys writes rows(), Chunk::prepare reads
@@ -53,14 +53,10 @@ struct Chunk {
   Rows k() const { return {k_rows, c, K}; }                     // [c, K]
   ConstBlock kk() const { return {kk_rows, c, c, Stride(C)}; }  // [c, c]  K K^T, lower
 
-  // Builds the chunk of tokens [t, t + c) of batch row b for value head hv from packed inputs.
-  void prepare(const Packed& p, std::int64_t b, std::int64_t hv, std::int64_t t, std::int64_t n) {
-    prepare(p.keys(b, hv / (p.s.HV / p.s.HK), t), p, b, hv, t, n);
-  }
-
-  // The same with the key head's rows of the chunk from `keys` (Packed's gates all the same).
-  // Without `with_q`, what the state's recurrence needs only (the backward's recompute): P and
-  // X's rows diag(e) Q are left as they were, and keys' q and Q K^T are not read.
+  // Builds the chunk of tokens [t, t + c) of batch row b for value head hv from its key head's
+  // rows of the chunk (`keys`, from pack_keys) and the packed gates. Without `with_q`, what the
+  // state's recurrence needs only (the backward's recompute): P and X's rows diag(e) Q are left as
+  // they were, and keys' q and Q K^T are not read.
   void prepare(const KeyChunk& keys, const Packed& p, std::int64_t b, std::int64_t hv,
                std::int64_t t, std::int64_t n, bool with_q = true) {
     c = n;

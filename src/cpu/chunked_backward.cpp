@@ -35,7 +35,7 @@ void chunked_backward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
   const core::Layout at{s};
   const std::vector<Sequence> seqs = sequences(in, s);
   const std::vector<Span> spans = chunk_spans(seqs, in.chunk_size);
-  const Packed p = pack(in, s, spans, seqs, /*keys=*/false);  // key rows: chunk by chunk below
+  const Packed p = pack(in, s, spans, seqs);  // key rows: chunk by chunk below
   const auto scale = static_cast<float>(in.scale != 0 ? in.scale : 1.0 / std::sqrt(double(s.K)));
   const std::int64_t C = p.C, K = s.K, V = s.V, KV = K * V, group = s.HV / s.HK;
   std::int64_t longest = 0;

@@ -21,7 +21,7 @@ void chunked_forward(const DeltaRuleInputs& in, const DeltaRuleShape& s,
   const core::Layout at{s};
   const std::vector<Sequence> seqs = sequences(in, s);
   const std::vector<Span> spans = chunk_spans(seqs, in.chunk_size);
-  const Packed p = pack(in, s, spans, seqs, /*keys=*/false);
+  const Packed p = pack(in, s, spans, seqs);
   const auto scale = static_cast<float>(in.scale != 0 ? in.scale : 1.0 / std::sqrt(double(s.K)));
   const std::int64_t C = p.C, group = s.HV / s.HK;
   const auto pairs = std::max<std::int64_t>(static_cast<std::int64_t>(seqs.size()) * s.HK, 1);

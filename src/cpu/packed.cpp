@@ -53,50 +53,30 @@ void pack_keys(const DeltaRuleInputs& in, const core::Layout& at, std::int64_t b
 }
 
 Packed pack(const DeltaRuleInputs& in, const DeltaRuleShape& s, const std::vector<Span>& spans,
-            const std::vector<Sequence>& seqs, bool keys) {
+            const std::vector<Sequence>& seqs) {
   const core::Layout at{s};
-  // No chunk holds more than T tokens: a larger chunk_size must not grow qk and kk beyond T.
-  const std::int64_t C = std::min<std::int64_t>(in.chunk_size, s.T), K = s.K, group = s.HV / s.HK;
-  const auto key_rows = keys ? static_cast<std::size_t>(s.B * s.HK * s.T) : 0;
   const auto value_rows = static_cast<std::size_t>(s.B * s.HV * s.T);
+  // No chunk holds more than T tokens: a larger chunk_size must not grow the chunk scratch.
   Packed p{.s = s,
-           .C = C,
-           .q = Buffer(key_rows * K),
-           .k = Buffer(key_rows * K),
-           .rq = Buffer(key_rows),
-           .rk = Buffer(key_rows),
-           .qk = Buffer(key_rows * C),
-           .kk = Buffer(key_rows * C),
+           .C = std::min<std::int64_t>(in.chunk_size, s.T),
            .H = Buffer(value_rows),
            .beta = Buffer(value_rows),
            .reset = Buffer(value_rows)};
-  const auto tasks = static_cast<std::int64_t>(spans.size()) * s.HK;
-#pragma omp parallel
-  {
-    Mat kt(keys ? K : 0, keys ? C : 0);  // pack_keys' scratch for K^T
-#pragma omp for schedule(dynamic)
-    for (std::int64_t task = 0; task < tasks; ++task) {
-      const Span& span = spans[static_cast<std::size_t>(task / s.HK)];
-      const Sequence& seq = seqs[static_cast<std::size_t>(span.n)];
-      const std::int64_t hk = task % s.HK, b = seq.batch, t = seq.begin + span.t0, c = span.c;
-      if (keys) {
-        const std::int64_t row = p.key_row(b, hk, t);
-        pack_keys(in, at, b, hk, t, c, C,
-                  {p.q.data() + row * K, p.k.data() + row * K, p.rq.data() + row, p.rk.data() + row,
-                   p.qk.data() + row * C, p.kk.data() + row * C, kt.data()});
-      }
-      for (std::int64_t hv = hk * group; hv < (hk + 1) * group; ++hv) {
-        const std::int64_t first = p.value_row(b, hv, t);
-        float running = 0;  // H_i = sum of g_j, j <= i, over the j that are not resets
-        for (std::int64_t i = 0; i < c; ++i) {
-          const auto g = core::load<float>(in.g, at.gate(b, t + i, hv));
-          const bool reset = core::is_reset(g);
-          if (!reset) running += g;
-          p.H[first + i] = running;
-          p.reset[first + i] = reset ? 1.0f : 0.0f;
-          p.beta[first + i] = core::load<float>(in.beta, at.gate(b, t + i, hv));
-        }
-      }
+  const auto tasks = static_cast<std::int64_t>(spans.size()) * s.HV;
+#pragma omp parallel for schedule(dynamic)
+  for (std::int64_t task = 0; task < tasks; ++task) {
+    const Span& span = spans[static_cast<std::size_t>(task / s.HV)];
+    const Sequence& seq = seqs[static_cast<std::size_t>(span.n)];
+    const std::int64_t hv = task % s.HV, b = seq.batch, t = seq.begin + span.t0;
+    const std::int64_t first = p.value_row(b, hv, t);
+    float running = 0;  // H_i = sum of g_j, j <= i, over the j that are not resets
+    for (std::int64_t i = 0; i < span.c; ++i) {
+      const auto g = core::load<float>(in.g, at.gate(b, t + i, hv));
+      const bool reset = core::is_reset(g);
+      if (!reset) running += g;
+      p.H[first + i] = running;
+      p.reset[first + i] = reset ? 1.0f : 0.0f;
+      p.beta[first + i] = core::load<float>(in.beta, at.gate(b, t + i, hv));
     }
   }
   return p;

@@ -40,8 +40,8 @@ class Buffer {
   std::unique_ptr<float[], Free> values_;
 };
 
-// One chunk's rows of one key head, laid out as in Packed with the chunk's first row at 0: q, k
-// [c, K] and Q K^T, K K^T [c, C] (row i: row i of the chunk's product, 0 above the diagonal).
+// One chunk's rows of one key head: q, k [c, K] (l2-normalized when asked) and Q K^T, K K^T
+// [c, C] (row i: row i of the chunk's product, 0 above the diagonal).
 struct KeyChunk {
   const float *q, *k, *qk, *kk;
 };
@@ -59,30 +59,20 @@ void pack_keys(const DeltaRuleInputs& in, const core::Layout& at, std::int64_t b
                std::int64_t t, std::int64_t c, std::int64_t C, const KeyRows& out,
                bool with_q = true);
 
+// The gates of every value head, chunk-local (the key rows are made chunk by chunk: pack_keys).
 struct Packed {
   DeltaRuleShape s;
-  std::int64_t C;
-  Buffer q, k;     // [B, HK, T, K]  l2-normalized when asked
-  Buffer rq, rk;   // [B, HK, T]     the l2norm factors r (1 without l2norm)
-  Buffer qk, kk;   // [B, HK, T, C]  row i: row i of its chunk's Q K^T, K K^T (0 above the diagonal)
+  std::int64_t C;  // chunk size, at most T
   Buffer H, beta;  // [B, HV, T]     H: chunk-local cumulative sum of the g that are not resets
   Buffer reset;    // [B, HV, T]     1 for a full reset (core/reset.h), else 0
 
-  std::int64_t key_row(std::int64_t b, std::int64_t hk, std::int64_t t) const {
-    return (b * s.HK + hk) * s.T + t;
-  }
   std::int64_t value_row(std::int64_t b, std::int64_t hv, std::int64_t t) const {
     return (b * s.HV + hv) * s.T + t;
   }
-  KeyChunk keys(std::int64_t b, std::int64_t hk, std::int64_t t) const {
-    const std::int64_t row = key_row(b, hk, t);
-    return {q.data() + row * s.K, k.data() + row * s.K, qk.data() + row * C, kk.data() + row * C};
-  }
 };
 
-// Fills every field, in parallel over (chunk, key head); without `keys`, only the value heads'
-// (H, beta, reset), for a caller that packs each chunk's key rows itself when it needs them.
+// Fills every field, in parallel over (chunk, key head).
 Packed pack(const DeltaRuleInputs& in, const DeltaRuleShape& s, const std::vector<Span>& spans,
-            const std::vector<Sequence>& seqs, bool keys = true);
+            const std::vector<Sequence>& seqs);
 
 }  // namespace gdn::cpu

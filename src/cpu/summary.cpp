@@ -17,7 +17,7 @@ struct OneSequence {
   OneSequence(const DeltaRuleInputs& in, const DeltaRuleShape& s, std::int64_t sequence)
       : seqs{sequences(in, s)[static_cast<std::size_t>(sequence)]},
         spans(chunk_spans(seqs, in.chunk_size)),
-        packed(pack(in, s, spans, seqs)) {}
+        packed(pack(in, s, spans, seqs)) {}  // the gates; each chunk's key rows come below
 };
 
 }  // namespace
@@ -32,6 +32,7 @@ void chunked_summary(const DeltaRuleInputs& in, const DeltaRuleShape& s, std::in
   {
     const FlushDenormals flush;
     Chunk x;
+    KeyScratch keys(one.packed.C, K);
     Mat S(K, width), R, B;
 #pragma omp for schedule(dynamic)
     for (std::int64_t hv = 0; hv < s.HV; ++hv) {
@@ -43,7 +44,9 @@ void chunked_summary(const DeltaRuleInputs& in, const DeltaRuleShape& s, std::in
                          S.row(i).data() + width - V);
       for (const Span& span : one.spans) {
         const std::int64_t c = span.c, t = seq.begin + span.t0;
-        x.prepare(one.packed, seq.batch, hv, t, c);
+        pack_keys(in, at, seq.batch, hv / (s.HV / s.HK), t, c, one.packed.C, keys.rows(),
+                  /*with_q=*/false);  // the state needs no q
+        x.prepare(keys.chunk(), one.packed, seq.batch, hv, t, c, /*with_q=*/false);
         // Vn = (I + L)^-1 ([0 | diag(beta) V] - diag(beta e) K S): U has no part in M's columns.
         R.noalias() = -x.X.topRows(c) * S;
         B.resize(c, V);
@@ -74,6 +77,7 @@ void chunked_initial_state_grad(const DeltaRuleInputs& in, const DeltaRuleShape&
   {
     const FlushDenormals flush;
     Chunk x;
+    KeyScratch keys(one.packed.C, K);
     Mat dS(K, V), dO, dVn;
 #pragma omp for schedule(dynamic)
     for (std::int64_t hv = 0; hv < s.HV; ++hv) {
@@ -83,7 +87,8 @@ void chunked_initial_state_grad(const DeltaRuleInputs& in, const DeltaRuleShape&
         dS.setZero();
       for (auto span = one.spans.rbegin(); span != one.spans.rend(); ++span) {
         const std::int64_t c = span->c, t = seq.begin + span->t0;
-        x.prepare(one.packed, seq.batch, hv, t, c);
+        pack_keys(in, at, seq.batch, hv / (s.HV / s.HK), t, c, one.packed.C, keys.rows());
+        x.prepare(keys.chunk(), one.packed, seq.batch, hv, t, c);
         dO.resize(c, V);
         for (std::int64_t i = 0; i < c; ++i)
           core::load_row(d_o, at.v(seq.batch, t + i, hv), V, dO.row(i).data());
