@@ -1,6 +1,7 @@
 // Times the CUDA delta rule (forward, forward + backward) at the reference shapes, then at
 // T=65536 with strong and with weak gates and with 2 value heads, with CUDA events: 3 warm-ups,
-// the median of 10 runs, two input sets alternated (each larger than L2).
+// the median of 10 runs, two input sets alternated (each larger than L2). With arguments
+// B T HK HV [strong|weak], only that row.
 //
 // FLOPs (forward, per chunk of C tokens per value head, tensor-core GEMMs at 2 FLOP per MAC,
 // FLA's form plus the C^3/3 of the triangular inverse):
@@ -9,6 +10,8 @@
 // kernels.md 3.4), so its TFLOP/s is comparable only between runs of this program.
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <string>
 
 #include "cuda_bench.cuh"
 #include "gdn/cuda.h"
@@ -104,8 +107,16 @@ void run(std::int64_t B, std::int64_t T, std::int64_t HK, std::int64_t HV, Gates
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
   try {
+    if (argc >= 5) {
+      const std::string g = argc > 5 ? argv[5] : "";
+      run(std::atoll(argv[1]), std::atoll(argv[2]), std::atoll(argv[3]), std::atoll(argv[4]),
+          g == "strong" ? strong
+          : g == "weak" ? weak
+                        : model);
+      return 0;
+    }
     run(1, 4096, 16, 32);
     run(1, 16384, 16, 32);
     run(1, 65536, 16, 32);

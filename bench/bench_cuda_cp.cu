@@ -132,15 +132,15 @@ int main() {
     fill(a, HV * (K * K + K * V), 2, 7), fill(b, HV * (K * K + K * V), 2, 8);
     const double apply = median_ms(
         [&](int) {
-          gdn::cuda::launch_affine(HV, a.floats(), false, b.floats(), a.floats() + HV * K * K,
-                                   c.floats(), stream);
+          gdn::cuda::launch_affine(HV, a.floats(), b.floats(), a.floats() + HV * K * K, c.floats(),
+                                   stream);
         },
         stream);
     const double compose = median_ms(
         [&](int) {
-          gdn::cuda::launch_affine(HV, a.floats(), false, b.floats(), nullptr, c.floats(), stream);
-          gdn::cuda::launch_affine(HV, a.floats(), false, b.floats() + HV * K * K,
-                                   a.floats() + HV * K * K, c.floats() + HV * K * K, stream);
+          gdn::cuda::launch_affine(HV, a.floats(), b.floats(), nullptr, c.floats(), stream);
+          gdn::cuda::launch_affine(HV, a.floats(), b.floats() + HV * K * K, a.floats() + HV * K * K,
+                                   c.floats() + HV * K * K, stream);
         },
         stream);
     std::printf("maps of HV = %lld heads: apply %.4f ms, compose %.4f ms\n",

@@ -1,5 +1,5 @@
 // Batches of affine maps (spec 4) for context parallelism (cp/backend.h): apply and compose are
-// one affine.cuh step per map, a block per (map, 16 columns); transpose swaps M in place.
+// one affine.cuh step per map, a block per (map, 8 columns); transpose swaps M in place.
 #include "cuda/affine.cuh"
 #include "cuda/check.h"
 #include "cuda/kernels.h"
@@ -10,13 +10,15 @@ namespace {
 constexpr long long kMatrix = kD * kD;
 
 __global__ void __launch_bounds__(affine::kThreads)
-    affine_kernel(const float* M, bool transpose, const float* X, const float* C, float* Y) {
+    affine_kernel(const float* M, const float* X, const float* C, float* Y) {
   const long long i = blockIdx.x;
   const int j0 = blockIdx.y * affine::kSlice;
-  __shared__ affine::Slice slice;
+  extern __shared__ __align__(16) unsigned char smem[];
+  affine::Smem& slice = *reinterpret_cast<affine::Smem*>(smem);
   affine::load(slice, X + i * kMatrix, j0);
-  affine::step(slice, M + i * kMatrix, transpose, C ? C + i * kMatrix : nullptr, Y + i * kMatrix,
-               j0);
+  affine::chain<false>(
+      slice, 1, [&](int) { return M + i * kMatrix; },
+      [&](int) { return C ? C + i * kMatrix : nullptr; }, [&](int) { return Y + i * kMatrix; }, j0);
 }
 
 __global__ void transpose_kernel(float* M) {
@@ -33,11 +35,13 @@ __global__ void transpose_kernel(float* M) {
 
 }  // namespace
 
-void launch_affine(int count, const float* M, bool transpose, const float* X, const float* C,
-                   float* Y, cudaStream_t stream) {
+void launch_affine(int count, const float* M, const float* X, const float* C, float* Y,
+                   cudaStream_t stream) {
   if (count == 0) return;
-  affine_kernel<<<dim3(count, kD / affine::kSlice), affine::kThreads, 0, stream>>>(M, transpose, X,
-                                                                                   C, Y);
+  GDN_CUDA_CHECK(cudaFuncSetAttribute(affine_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      affine::kSmemBytes));
+  affine_kernel<<<dim3(count, kD / affine::kSlice), affine::kThreads, affine::kSmemBytes, stream>>>(
+      M, X, C, Y);
   GDN_CUDA_CHECK_LAUNCH();
 }
 

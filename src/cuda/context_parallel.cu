@@ -94,16 +94,15 @@ class CudaBackend final : public cp::Backend {
   void apply(const float* maps, std::int64_t count, std::int64_t K, std::int64_t V, const float* x,
              float* y) override {
     require_128(K, V);
-    cuda::launch_affine(static_cast<int>(count), maps, false, x, maps + count * K * K, y, stream_);
+    cuda::launch_affine(static_cast<int>(count), maps, x, maps + count * K * K, y, stream_);
   }
   void compose(const float* second, const float* first, std::int64_t count, std::int64_t K,
                std::int64_t V, float* out) override {
     require_128(K, V);
     const std::int64_t offsets = count * K * K;
     const int n = static_cast<int>(count);
-    cuda::launch_affine(n, second, false, first, nullptr, out, stream_);
-    cuda::launch_affine(n, second, false, first + offsets, second + offsets, out + offsets,
-                        stream_);
+    cuda::launch_affine(n, second, first, nullptr, out, stream_);
+    cuda::launch_affine(n, second, first + offsets, second + offsets, out + offsets, stream_);
   }
   void transpose_matrices(float* maps, std::int64_t count, std::int64_t K) override {
     require_128(K, K);

@@ -27,6 +27,7 @@
 #include <cstring>
 #include <string>
 
+#include "cuda/affine.cuh"
 #include "cuda/check.h"
 #include "cuda/device.h"
 #include "cuda/kernels.h"
@@ -114,12 +115,16 @@ ChunkCount count_chunks(const DeltaRuleInputs& in, const DeltaRuleShape& s,
 // Segments per sequence (state_pass.cuh), at least kMinSegment chunks each. For an inference
 // forward: as many as keep the state passes' blocks (P per value head) and the summary pass's
 // (2P - 3) within one wave of the GPU's multiprocessors. Otherwise the count that minimizes the
-// chunks run back to back, waves x segment length, over the passes that run one after another:
-// under context parallelism the summary pass (2P blocks per value head: the first and last
-// segments too) and the output pass; for training (a forward that saves for its backward, and
-// that backward) the forward's summary and save passes and the backward's summary (P - 1) and
-// gradient passes. With 32 heads on 132 SMs both pick 4 segments where inference picks 3.
+// time run back to back, in chunk steps of one state pass: waves x segment length over the passes
+// that run one after another (under context parallelism the summary pass, 2P blocks per value
+// head, and the output pass; for training the forward's summary and save passes and the
+// backward's summary, P - 1, and gradient passes), plus the folds, whose serial chains grow by one
+// step per segment. A segment more costs about kFoldChunks chunk steps in each wave of fold
+// blocks: the fold steps (1.6 us forward, 3 us backward, against 3.1 us a chunk step) and each
+// segment's own work, fitted to a sweep of the segment count at HV=2 T=65536 (bench/RESULTS.md).
+// With 32 heads on 132 SMs training picks 4 segments and inference 3; with 2 heads, 32 and 34.
 constexpr std::int64_t kMinSegment = 4;
+constexpr std::int64_t kFoldChunksTraining = 3, kFoldChunksForward = 2;
 
 void choose_segments(std::int64_t heads, std::int64_t longest, bool carried, bool training,
                      cuda::Params& p) {
@@ -137,7 +142,8 @@ void choose_segments(std::int64_t heads, std::int64_t longest, bool carried, boo
       const std::int64_t passes =
           carried ? waves(2 * count) + waves(count)
                   : waves(2 * count - 3) + waves(count) + waves(count - 1) + waves(count);
-      return passes * seg;
+      const std::int64_t fold = training ? kFoldChunksTraining : kFoldChunksForward;
+      return passes * seg + waves(kD / cuda::affine::kSlice) * fold * count;
     };
     want = 1;
     for (std::int64_t count = 2; count <= 4 * std::max<std::int64_t>(fit, 1); ++count)

@@ -1,5 +1,5 @@
 // The serial composition of the segment summaries (spec 4; state_pass.cuh), one block per
-// (value head, sequence, 16 columns of the state), with affine.cuh's steps. Segment k of sequence
+// (value head, sequence, 8 columns of the state), with affine.cuh's steps. Segment k of sequence
 // n is z = z0 + k (z0 = n seg_count); last is its final segment. Forward, the state entering
 // segment k + 1 is S(k + 1) = M_k S(k) + N_k; backward, the gradient leaving segment k - 1 is
 // dS(k - 1) = M_k^T dS(k) + D_k. The summary passes store N_0 (from h0) in seg_state[z0 + 1]
@@ -29,41 +29,53 @@ __global__ void __launch_bounds__(affine::kThreads) fold_kernel(Params p) {
   const int chunks = p.chunk_begin[n + 1] - p.chunk_begin[n];
   const int last = (chunks + p.seg_len - 1) / p.seg_len - 1, z0 = n * p.seg_count;
   if (chunks == 0) return;
-  auto M = [&](int k) { return segment_matrix(p.seg_transfer, p, z0 + k, hv); };
+  auto M = [&](int k) -> const float* { return segment_matrix(p.seg_transfer, p, z0 + k, hv); };
   auto local = [&](int k) { return segment_matrix(p.seg_local, p, z0 + k, hv); };
   auto state = [&](int k) { return segment_matrix(p.seg_state, p, z0 + k, hv); };
   auto dlocal = [&](int k) { return segment_matrix(p.seg_dlocal, p, z0 + k, hv); };
   auto dstate = [&](int k) { return segment_matrix(p.seg_dstate, p, z0 + k, hv); };
+  auto none = [](int) -> float* { return nullptr; };
   const long long map = static_cast<long long>(chain(p, n)) * p.HV + hv;
-  __shared__ affine::Slice X;
+  extern __shared__ __align__(16) unsigned char smem[];
+  affine::Smem& X = *reinterpret_cast<affine::Smem*>(smem);
 
-  if constexpr (kFold == Fold::states) {
+  if constexpr (kFold == Fold::states) {  // k = first .. last - 1
     const bool carried = enters(p, n);
     if (last < (carried ? 1 : 2)) return;
+    const int first = carried ? 0 : 1;
     affine::load(X, carried ? sequence_matrix(p.h0, p, n, hv) : state(1), j0);
-    for (int k = carried ? 0 : 1; k < last; ++k)
-      affine::step(X, M(k), false, k == 0 ? state(1) : local(k), state(k + 1), j0);
-  } else if constexpr (kFold == Fold::grad_states) {
+    affine::chain<false>(
+        X, last - first, [&](int t) { return M(first + t); },
+        [&](int t) { return first + t == 0 ? state(1) : local(first + t); },
+        [&](int t) { return state(first + t + 1); }, j0);
+  } else if constexpr (kFold == Fold::grad_states) {  // k = first .. 1
     const bool carried = leaves(p, n);
     if (last < (carried ? 1 : 2)) return;
+    const int first = carried ? last : last - 1;
     affine::load(X, carried ? sequence_matrix(p.dht, p, n, hv) : dstate(last - 1), j0);
-    for (int k = carried ? last : last - 1; k >= 1; --k)
-      affine::step(X, M(k), true, k == last ? dstate(last - 1) : dlocal(k), dstate(k - 1), j0);
-  } else if constexpr (kFold == Fold::map_offset) {
+    affine::chain<true>(
+        X, first, [&](int t) { return M(first - t); },
+        [&](int t) { return first - t == last ? dstate(last - 1) : dlocal(first - t); },
+        [&](int t) { return dstate(first - t - 1); }, j0);
+  } else if constexpr (kFold == Fold::map_offset) {  // k = 1 .. last
     if (!leaves(p, n)) return;
     affine::load(X, last == 0 ? local(0) : state(1), j0);
-    for (int k = 1; k <= last; ++k) affine::step(X, M(k), false, local(k), nullptr, j0);
+    affine::chain<false>(
+        X, last, [&](int t) { return M(1 + t); }, [&](int t) { return local(1 + t); }, none, j0);
     affine::store(X, p.map_N + map * kD * kD, j0);
-  } else if constexpr (kFold == Fold::map_transfer) {
+  } else if constexpr (kFold == Fold::map_transfer) {  // k = 1 .. last when n enters
     if (!leaves(p, n)) return;
     const bool carried = enters(p, n);
     affine::load(X, carried ? M(0) : nullptr, j0);
-    for (int k = 1; carried && k <= last; ++k) affine::step(X, M(k), false, nullptr, nullptr, j0);
+    affine::chain<false>(
+        X, carried ? last : 0, [&](int t) { return M(1 + t); }, none, none, j0);
     affine::store(X, p.map_M + map * kD * kD, j0);
-  } else {  // grad_offset
+  } else {  // grad_offset: k = last - 1 .. 0
     if (!enters(p, n)) return;
     affine::load(X, last == 0 ? dlocal(0) : dstate(last - 1), j0);
-    for (int k = last - 1; k >= 0; --k) affine::step(X, M(k), true, dlocal(k), nullptr, j0);
+    affine::chain<true>(
+        X, last, [&](int t) { return M(last - 1 - t); },
+        [&](int t) { return dlocal(last - 1 - t); }, none, j0);
     affine::store(X, p.map_N + map * kD * kD, j0);
   }
 }
@@ -74,8 +86,10 @@ void launch_fold(const Params& p, Fold fold, cudaStream_t stream) {
   constexpr void (*kKernels[])(Params) = {
       fold_kernel<Fold::states>, fold_kernel<Fold::grad_states>, fold_kernel<Fold::map_offset>,
       fold_kernel<Fold::map_transfer>, fold_kernel<Fold::grad_offset>};
-  kKernels[static_cast<int>(
-      fold)]<<<dim3(p.HV, p.N, kD / affine::kSlice), affine::kThreads, 0, stream>>>(p);
+  const auto kernel = kKernels[static_cast<int>(fold)];
+  GDN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      affine::kSmemBytes));
+  kernel<<<dim3(p.HV, p.N, kD / affine::kSlice), affine::kThreads, affine::kSmemBytes, stream>>>(p);
   GDN_CUDA_CHECK_LAUNCH();
 }
 
