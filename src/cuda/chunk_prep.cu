@@ -109,7 +109,7 @@ __device__ inline void store_tile64(bf16* dst, const bf16* src) {
 }
 
 template <typename In>
-__global__ void __launch_bounds__(kThreads) chunk_prep_kernel(Params p) {
+__global__ void __launch_bounds__(kThreads, 3) chunk_prep_kernel(Params p) {
   const int cid = blockIdx.x, hk = blockIdx.y, tid = threadIdx.x;
   const int warp = tid / 32, lane = tid % 32;
   const ChunkInfo info = p.chunks[cid];
@@ -135,37 +135,46 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(Params p) {
   };
   fetch(hk * group);
 
-  // q, k to bf16 in place, times r = rsqrt(sum x^2 + 1e-6) with l2norm (spec 1; the sums in
-  // l2norm_forward's order); padded rows stay zero. Rows < len go to qn, kn and their r to rq, rk.
+  // q, k to bf16 in place, times r = rsqrt(sum x^2 + 1e-6) with l2norm (spec 1), and from
+  // registers to qn, kn (rows < len) with r to rq, rk; padded rows stay zero. Half a warp per row
+  // and 8 elements (16 bytes) a lane: 8 rows of q and of k per pass, sums over 16 lanes.
   const long long row = qk_row(p, b, t0, hk);
   issue_rows<kD>(ks, kLdH, static_cast<const In*>(p.k) + row * kD, p.HK * kD, kC, len);
   issue_rows<kD>(qs, kLdH, static_cast<const In*>(p.q) + row * kD, p.HK * kD, kC, len);
   cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();
-  for (int i = warp; i < len; i += kWarps) {  // row i by one warp, lane l: elements l + 32 e
-    bf16* x[2] = {qs + i * kLdH, ks + i * kLdH};
-    float value[2][4], sum[2] = {}, r[2];
-    for (int w = 0; w < 2; ++w)
-      for (int e = 0; e < 4; ++e) {
-        value[w][e] = to_float(reinterpret_cast<const In*>(x[w])[lane + 32 * e]);
-        sum[w] += value[w][e] * value[w][e];
+  {
+    const int part = tid % 16;
+    for (int i = tid / 16; i < kC; i += kThreads / 16) {
+      bf16* x[2] = {qs + i * kLdH + part * 8, ks + i * kLdH + part * 8};
+      float value[2][8], sum[2] = {};
+      for (int w = 0; w < 2; ++w) {
+        const uint4 raw = *reinterpret_cast<const uint4*>(x[w]);
+        const In* in = reinterpret_cast<const In*>(&raw);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          value[w][e] = to_float(in[e]);
+          sum[w] += value[w][e] * value[w][e];
+        }
       }
-    for (int w = 0; w < 2; ++w) {
-      r[w] = p.l2norm ? rsqrtf(warp_sum(sum[w]) + 1e-6f) : 1.0f;
-      for (int e = 0; e < 4; ++e) x[w][lane + 32 * e] = from_float<bf16>(value[w][e] * r[w]);
+      for (int w = 0; w < 2; ++w) {
+        for (int offset = 8; offset > 0; offset /= 2)
+          sum[w] += __shfl_xor_sync(0xffffffffu, sum[w], offset);
+        const float r = p.l2norm ? rsqrtf(sum[w] + 1e-6f) : 1.0f;
+        uint4 out;
+        bf16* o = reinterpret_cast<bf16*>(&out);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) o[e] = from_float<bf16>(value[w][e] * r);
+        *reinterpret_cast<uint4*>(x[w]) = out;
+        if (i < len) {
+          *reinterpret_cast<uint4*>((w ? p.kn : p.qn) + (row + i * p.HK) * kD + part * 8) = out;
+          if (part == 0) (w ? p.rk : p.rq)[row + i * p.HK] = r;
+        }
+      }
     }
-    if (lane == 0) p.rq[row + i * p.HK] = r[0], p.rk[row + i * p.HK] = r[1];
   }
   __syncthreads();
-  for (int idx = tid; idx < len * 16; idx += kThreads) {
-    const int r = idx / 16, part = idx % 16;
-    const long long at = (row + r * p.HK) * kD + part * 8;
-    *reinterpret_cast<uint4*>(p.qn + at) =
-        *reinterpret_cast<const uint4*>(qs + r * kLdH + part * 8);
-    *reinterpret_cast<uint4*>(p.kn + at) =
-        *reinterpret_cast<const uint4*>(ks + r * kLdH + part * 8);
-  }
 
   // K K^T and Q K^T for rows 16 warp .. 16 warp + 15, kept for every value head.
   Acc kk[8] = {}, qk[8] = {};
@@ -220,17 +229,38 @@ __global__ void __launch_bounds__(kThreads) chunk_prep_kernel(Params p) {
       p.gates[s * 3 * kC + kC + tid] = decay(kC - 1, tid);
       p.gates[s * 3 * kC + 2 * kC + tid] = beta[tid] * e;
     }
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = 16 * warp + lane / 4 + 8 * (e / 2), j = 8 * nt + 2 * (lane % 4) + e % 2;
-        const float d = decay(i, j);
-        const float x = j < i ? beta[i] * kk[nt][e] * d : 0.0f;
-        L[i * kLdF64 + j] = x;
-        lb[i * kLdH64 + j] = from_float<bf16>(x);
-        pb[i * kLdH64 + j] = from_float<bf16>(p.scale * qk[nt][e] * d);
+    {  // this lane's rows i (2), column pairs j, j + 1 (8); the decays masked before the exp
+      const int c = 2 * (lane % 4);
+      int i[2];
+      float Hi[2], Ri[2], bi[2];
+      for (int h = 0; h < 2; ++h) {
+        i[h] = 16 * warp + lane / 4 + 8 * h;
+        Hi[h] = H[i[h]], Ri[h] = R[i[h]], bi[h] = beta[i[h]];
       }
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        const int j = 8 * nt + c;
+        const float2 Hj = *reinterpret_cast<const float2*>(H + j);
+        const float2 Rj = *reinterpret_cast<const float2*>(R + j);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float l[2], q[2];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float hj = e ? Hj.y : Hj.x, rj = e ? Rj.y : Rj.x;
+            const bool on = j + e <= i[h] && Ri[h] == rj;
+            const float d = __expf(on ? Hi[h] - hj : -INFINITY);  // exp(-inf) = 0
+            l[e] = j + e < i[h] ? bi[h] * kk[nt][2 * h + e] * d : 0.0f;
+            q[e] = p.scale * qk[nt][2 * h + e] * d;
+          }
+          *reinterpret_cast<float2*>(L + i[h] * kLdF64 + j) = make_float2(l[0], l[1]);
+          *reinterpret_cast<__nv_bfloat162*>(lb + i[h] * kLdH64 + j) =
+              __floats2bfloat162_rn(l[0], l[1]);
+          *reinterpret_cast<__nv_bfloat162*>(pb + i[h] * kLdH64 + j) =
+              __floats2bfloat162_rn(q[0], q[1]);
+        }
+      }
+    }
     __syncthreads();
     store_tile64(p.P + s * kC * kC, pb);
     invert_unit_lower(L, lb, ab);

@@ -211,13 +211,18 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
 
     // sum(S * dS) for the gradient of gamma, from the S^T and dS^T tiles.
     {
-      float part = 0;
-      for (int idx = tid; idx < kD * kD / 2; idx += kThreads) {  // the tiles share a layout
-        const float2 x = pair(hs + 2 * idx), y = pair(st + 2 * idx);
-        part += x.x * y.x + x.y * y.y;
+      float part[2] = {};  // 16 bytes of each tile at a time (they share a layout)
+      const auto lo = [](std::uint32_t w) { return __uint_as_float(w << 16); };
+      const auto hi = [](std::uint32_t w) { return __uint_as_float(w & 0xffff0000u); };
+#pragma unroll 4
+      for (int idx = tid; idx < kD * kD / 8; idx += kThreads) {
+        const uint4 x = reinterpret_cast<const uint4*>(hs)[idx];
+        const uint4 y = reinterpret_cast<const uint4*>(st)[idx];
+        part[0] += lo(x.x) * lo(y.x) + lo(x.y) * lo(y.y) + lo(x.z) * lo(y.z) + lo(x.w) * lo(y.w);
+        part[1] += hi(x.x) * hi(y.x) + hi(x.y) * hi(y.y) + hi(x.z) * hi(y.z) + hi(x.w) * hi(y.w);
       }
-      part = warp_sum(part);
-      if (lane == 0) extra[warp] = gamma * part;
+      const float sum = warp_sum(part[0] + part[1]);
+      if (lane == 0) extra[warp] = gamma * sum;
     }
 
     // dKf = Vn dS^T (columns of this half); dk += diag(f) dKf; dG_i -= f_i sum_j K_ij dKf_ij.
