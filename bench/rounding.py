@@ -1,0 +1,121 @@
+"""The CUDA forward's rounding, emulated in numpy, against float64: which rounding point costs
+accuracy, and what a change would gain, before it is written for the GPU.
+
+Every product of the kernels takes bf16 operands and sums in f32; the emulation rounds the same
+operands (round to nearest even) and multiplies in f32, so its errors land where the GPU's do
+(bench/RESULTS.md compares them). Forms of Vn, per chunk (spec 3):
+  ours      Vn = A X,  X = bf16(diag(beta) (V - diag(e) K S))          (the kernels, state_forward.cu)
+  split     the same with X = hi + lo, two bf16 parts: X to ~16 bits
+  wy        Vn = u - W S,  u = bf16(A diag(beta) V), W = bf16(A diag(beta e) K)
+  wy-fla    as wy, with beta V and beta e K rounded to bf16 before A (FLA's recompute_w_u)
+and `ours` cut into segments joined by f32 affine summaries (fold.cu). A is bf16((I + L)^-1)
+computed in float64 for every form, P = bf16(scale Q K^T * decay).
+
+  python3 bench/rounding.py [T] [segments]     (numpy; T=65536 takes under a minute in all)
+"""
+import sys
+
+import numpy as np
+
+C, D = 64, 128
+SCALE = 1 / np.sqrt(D)
+
+
+def bf16(x):
+    """x rounded to bf16 (nearest even), as f32."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+    return u.astype(np.uint32).view(np.float32)
+
+
+def problem(T, gates, seed):
+    """bench/peers.py's accuracy inputs for one value head: bf16 q k v beta, f32 g, f64 h0."""
+    rng = np.random.default_rng(seed)
+    q, k, v = (bf16(rng.standard_normal((T, D))) for _ in range(3))
+    u = rng.random(T)
+    g = {"strong": -(0.1 + 2.0 * u), "weak": -(1e-4 + 0.01 * u)}[gates].astype(np.float32)
+    return dict(q=q, k=k, v=v, g=g, beta=bf16(rng.random(T)), h0=0.1 * rng.standard_normal((D, D)))
+
+
+class Chunk:
+    """chunk_prep's outputs for one chunk: the gates, A and P (rounded when low)."""
+
+    def __init__(self, qn, kn, v, g, beta, dt, low):
+        G = np.cumsum(g.astype(dt)).astype(dt)
+        decay = np.tril(np.exp(G[:, None] - G[None, :]))
+        self.q, self.k, self.v, self.beta = qn, kn, v.astype(dt), beta.astype(dt)
+        self.e, self.f, self.gamma = np.exp(G), np.exp(G[-1] - G), np.exp(G[-1])
+        L = np.tril(self.beta[:, None] * (kn @ kn.T) * decay, -1)
+        self.A = np.linalg.inv(np.eye(C) + L.astype(np.float64)).astype(dt)
+        self.P = SCALE * (qn @ kn.T) * decay
+        if low:
+            self.A, self.P = bf16(self.A), bf16(self.P)
+
+
+def step(S, ch, form, low, v=None):
+    """One chunk from state S: the state leaving it and the chunk's output O."""
+    r = bf16 if low else (lambda x: x)
+    V = ch.v if v is None else v
+    b, e, Sb = ch.beta[:, None], ch.e[:, None], r(S)
+    if form in ("ours", "split"):
+        X = b * (V - e * (ch.k @ Sb))
+        Vn = ch.A @ (X if form == "split" else r(X))
+    else:
+        pre = r if form == "wy-fla" else (lambda x: x)
+        Vn = r(ch.A @ pre(b * V)) - r(ch.A @ pre(b * e * ch.k)) @ Sb
+    O = (SCALE * e) * (ch.q @ Sb) + ch.P @ r(Vn)
+    return ch.gamma * S + ch.k.T @ r(ch.f[:, None] * Vn), O
+
+
+def forward(p, form="ours", segments=1, low=True):
+    """o and the final state; low=False is the float64 reference (no rounding)."""
+    dt = np.float32 if low else np.float64
+    r = bf16 if low else (lambda x: x)
+    norm = lambda x: r(x / np.sqrt((x * x).sum(1, keepdims=True) + 1e-6))  # noqa: E731
+    qn, kn = norm(p["q"].astype(dt)), norm(p["k"].astype(dt))
+    T = len(p["g"])
+    chunks = [Chunk(qn[a:a + C], kn[a:a + C], p["v"][a:a + C], p["g"][a:a + C],
+                    p["beta"][a:a + C], dt, low) for a in range(0, T, C)]
+    per = -(-len(chunks) // segments)
+    parts = [chunks[s * per:(s + 1) * per] for s in range(segments)]
+    # The state entering each segment: segment 0 from h0, then S_k+1 = M_k S_k + N_k with the
+    # transfer M_k (from the identity, V = 0) and offset N_k (from zero) in f32.
+    entering = [p["h0"].astype(dt)]
+    for s, part in enumerate(parts[:-1]):
+        M, N = np.eye(D, dtype=dt), np.zeros((D, D), dt)
+        S = entering[0]
+        for ch in part:
+            if s == 0:
+                S, _ = step(S, ch, form, low)
+            else:
+                M, _ = step(M, ch, form, low, v=np.zeros_like(ch.v))
+                N, _ = step(N, ch, form, low)
+        entering.append(S if s == 0 else (M @ entering[-1] + N).astype(dt))
+    o = []
+    for s, part in enumerate(parts):
+        S = entering[s]
+        for ch in part:
+            S, O = step(S, ch, form, low)
+            o.append(r(O))
+    return np.concatenate(o), S
+
+
+def rel(x, y):
+    return np.linalg.norm(x - y) / np.linalg.norm(y)
+
+
+if __name__ == "__main__":
+    T = int(sys.argv[1]) if len(sys.argv) > 1 else 4096
+    segments = int(sys.argv[2]) if len(sys.argv) > 2 else 34
+    forms = [("ours", 1), ("split", 1), ("wy", 1), ("wy-fla", 1), ("ours", segments)]
+    print(f"T={T}, relative error vs float64 of o / final state")
+    print("gates  seed  " + "  ".join(f"{f}/{s}".ljust(21) for f, s in forms))
+    for gates in ("strong", "weak"):
+        for seed in (0, 1):
+            p = problem(T, gates, seed)
+            o64, s64 = forward(p, low=False)
+            cells = []
+            for form, seg in forms:
+                o, s = forward(p, form, seg)
+                cells.append(f"{rel(o, o64):.3e} / {rel(s, s64):.3e}")
+            print(f"{gates:6s} {seed:4d}  " + "  ".join(cells), flush=True)
