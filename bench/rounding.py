@@ -1,17 +1,19 @@
-"""The CUDA forward's rounding, emulated in numpy, against float64: which rounding point costs
-accuracy, and what a change would gain, before it is written for the GPU.
+"""The CUDA kernels' rounding, emulated in numpy, against float64: which rounding point costs
+accuracy, and what a change would gain, before it is written for the GPU. The forward's o and
+final state, and the backward's state-gradient chain (dh0; dh0() says its forms).
 
 Every product of the kernels takes bf16 operands and sums in f32; the emulation rounds the same
 operands (round to nearest even) and multiplies in f32, so its errors land where the GPU's do
 (bench/RESULTS.md compares them). Forms of Vn, per chunk (spec 3):
   ours      Vn = A X,  X = bf16(diag(beta) (V - diag(e) K S))          (the kernels, state_forward.cu)
   split     the same with X = hi + lo, two bf16 parts: X to ~16 bits
+  split-vn  X, and Vn where P and K^T diag(f) multiply it, each as two parts
   wy        Vn = u - W S,  u = bf16(A diag(beta) V), W = bf16(A diag(beta e) K)
   wy-fla    as wy, with beta V and beta e K rounded to bf16 before A (FLA's recompute_w_u)
 and `ours` cut into segments joined by f32 affine summaries (fold.cu). A is bf16((I + L)^-1)
 computed in float64 for every form, P = bf16(scale Q K^T * decay).
 
-  python3 bench/rounding.py [T] [segments]     (numpy; T=65536 takes under a minute in all)
+  python3 bench/rounding.py [T] [segments]     (numpy; T=65536 takes about a minute)
 """
 import sys
 
@@ -29,12 +31,14 @@ def bf16(x):
 
 
 def problem(T, gates, seed):
-    """bench/peers.py's accuracy inputs for one value head: bf16 q k v beta, f32 g, f64 h0."""
+    """bench/peers.py's accuracy inputs for one value head: bf16 q k v beta dO, f32 g, f64 h0
+    and d_ht."""
     rng = np.random.default_rng(seed)
     q, k, v = (bf16(rng.standard_normal((T, D))) for _ in range(3))
     u = rng.random(T)
     g = {"strong": -(0.1 + 2.0 * u), "weak": -(1e-4 + 0.01 * u)}[gates].astype(np.float32)
-    return dict(q=q, k=k, v=v, g=g, beta=bf16(rng.random(T)), h0=0.1 * rng.standard_normal((D, D)))
+    return dict(q=q, k=k, v=v, g=g, beta=bf16(rng.random(T)), h0=0.1 * rng.standard_normal((D, D)),
+                d_o=bf16(rng.standard_normal((T, D))), d_ht=0.1 * rng.standard_normal((D, D)))
 
 
 class Chunk:
@@ -57,14 +61,15 @@ def step(S, ch, form, low, v=None):
     r = bf16 if low else (lambda x: x)
     V = ch.v if v is None else v
     b, e, Sb = ch.beta[:, None], ch.e[:, None], r(S)
-    if form in ("ours", "split"):
+    if form in ("ours", "split", "split-vn"):
         X = b * (V - e * (ch.k @ Sb))
-        Vn = ch.A @ (X if form == "split" else r(X))
+        Vn = ch.A @ (r(X) if form == "ours" else X)
     else:
         pre = r if form == "wy-fla" else (lambda x: x)
         Vn = r(ch.A @ pre(b * V)) - r(ch.A @ pre(b * e * ch.k)) @ Sb
-    O = (SCALE * e) * (ch.q @ Sb) + ch.P @ r(Vn)
-    return ch.gamma * S + ch.k.T @ r(ch.f[:, None] * Vn), O
+    rv = (lambda x: x) if form == "split-vn" else r
+    O = (SCALE * e) * (ch.q @ Sb) + ch.P @ rv(Vn)
+    return ch.gamma * S + ch.k.T @ rv(ch.f[:, None] * Vn), O
 
 
 def forward(p, form="ours", segments=1, low=True):
@@ -100,6 +105,30 @@ def forward(p, form="ours", segments=1, low=True):
     return np.concatenate(o), S
 
 
+def dh0(p, form="ours", low=True):
+    """The state gradient's reverse chain (state_backward.cu) from d_ht and dO: dh0. Per chunk,
+    dVn = diag(f) K dS + P^T dO, Y = A^T dVn, dS <- gamma dS + Q^T diag(scale e) dO -
+    K^T diag(beta e) Y; the kernels round dS, dVn (before A) and diag(beta e) Y (before K) to bf16;
+    split-dvn and split-y carry one of the two as hi + lo parts, split-both both."""
+    dt = np.float32 if low else np.float64
+    r = bf16 if low else (lambda x: x)
+    r_dvn = (lambda x: x) if form in ("split-dvn", "split-both") else r
+    r_y = (lambda x: x) if form in ("split-y", "split-both") else r
+    norm = lambda x: r(x / np.sqrt((x * x).sum(1, keepdims=True) + 1e-6))  # noqa: E731
+    qn, kn = norm(p["q"].astype(dt)), norm(p["k"].astype(dt))
+    T = len(p["g"])
+    dS = p["d_ht"].astype(dt)
+    for a in reversed(range(0, T, C)):
+        ch = Chunk(qn[a:a + C], kn[a:a + C], p["v"][a:a + C], p["g"][a:a + C], p["beta"][a:a + C],
+                   dt, low)
+        dO = p["d_o"][a:a + C].astype(dt)
+        dVn = ch.f[:, None] * (ch.k @ r(dS)) + ch.P.T @ dO
+        Y = ch.A.T @ r_dvn(dVn)
+        dS = (ch.gamma * dS + ch.q.T @ r(SCALE * ch.e[:, None] * dO) -
+              ch.k.T @ r_y(ch.beta[:, None] * ch.e[:, None] * Y))
+    return dS
+
+
 def rel(x, y):
     return np.linalg.norm(x - y) / np.linalg.norm(y)
 
@@ -107,7 +136,8 @@ def rel(x, y):
 if __name__ == "__main__":
     T = int(sys.argv[1]) if len(sys.argv) > 1 else 4096
     segments = int(sys.argv[2]) if len(sys.argv) > 2 else 34
-    forms = [("ours", 1), ("split", 1), ("wy", 1), ("wy-fla", 1), ("ours", segments)]
+    forms = [("ours", 1), ("split", 1), ("split-vn", 1), ("wy", 1), ("wy-fla", 1),
+             ("ours", segments)]
     print(f"T={T}, relative error vs float64 of o / final state")
     print("gates  seed  " + "  ".join(f"{f}/{s}".ljust(21) for f, s in forms))
     for gates in ("strong", "weak"):
@@ -119,3 +149,12 @@ if __name__ == "__main__":
                 o, s = forward(p, form, seg)
                 cells.append(f"{rel(o, o64):.3e} / {rel(s, s64):.3e}")
             print(f"{gates:6s} {seed:4d}  " + "  ".join(cells), flush=True)
+    backward = ("ours", "split-dvn", "split-y", "split-both")
+    print(f"T={T}, relative error vs float64 of dh0 (the state gradient's chain)")
+    print("gates  seed  " + "  ".join(f.ljust(10) for f in backward))
+    for gates in ("strong", "weak"):
+        for seed in (0, 1):
+            p = problem(T, gates, seed)
+            ref = dh0(p, low=False)
+            print(f"{gates:6s} {seed:4d}  " +
+                  "  ".join(f"{rel(dh0(p, f), ref):.3e}" for f in backward), flush=True)
