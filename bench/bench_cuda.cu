@@ -109,12 +109,19 @@ void run(std::int64_t B, std::int64_t T, std::int64_t HK, std::int64_t HV, Gates
 
 int main(int argc, char** argv) {
   try {
-    if (argc >= 5) {
+    if (argc > 1) {
       const std::string g = argc > 5 ? argv[5] : "";
-      run(std::atoll(argv[1]), std::atoll(argv[2]), std::atoll(argv[3]), std::atoll(argv[4]),
-          g == "strong" ? strong
-          : g == "weak" ? weak
-                        : model);
+      const long long B = std::atoll(argv[1]), T = argc > 2 ? std::atoll(argv[2]) : 0,
+                      HK = argc > 3 ? std::atoll(argv[3]) : 0,
+                      HV = argc > 4 ? std::atoll(argv[4]) : 0;
+      if (argc > 6 || B < 1 || T < 1 || HK < 1 || HV < 1 || HV % HK != 0 ||
+          (argc > 5 && g != "strong" && g != "weak")) {
+        std::fprintf(
+            stderr,
+            "usage: bench_cuda [B T HK HV [strong|weak]] (positive sizes, HK dividing HV)\n");
+        return 2;
+      }
+      run(B, T, HK, HV, g == "strong" ? strong : g == "weak" ? weak : model);
       return 0;
     }
     run(1, 4096, 16, 32);

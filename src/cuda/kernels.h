@@ -43,8 +43,8 @@ void launch_state_backward(const Params& p, cudaStream_t stream);
 // Composes the segment summaries (fold.cu says what each fold computes).
 enum class Fold { states, grad_states, map_offset, map_transfer, grad_offset };
 void launch_fold(const Params& p, Fold fold, cudaStream_t stream);
-// Y_i = M_i X_i + C_i for i < count (C optional; Y may be X or C), and M_i <- M_i^T: 128 x 128
-// f32 matrices, consecutive.
+// Y_i = M_i X_i + C_i for i < count (C optional; Y may be X or C); launch_transpose: M_i <-
+// M_i^T. 128 x 128 f32 matrices, consecutive.
 void launch_affine(int count, const float* M, const float* X, const float* C, float* Y,
                    cudaStream_t stream);
 void launch_transpose(int count, float* M, cudaStream_t stream);
