@@ -5,9 +5,10 @@ final state, and the backward's state-gradient chain (dh0; dh0() says its forms)
 Every product of the kernels takes bf16 operands and sums in f32; the emulation rounds the same
 operands (round to nearest even) and multiplies in f32, so its errors land where the GPU's do
 (bench/RESULTS.md compares them). Forms of Vn, per chunk (spec 3):
-  ours      Vn = A X,  X = bf16(diag(beta) (V - diag(e) K S))          (the kernels, state_forward.cu)
-  split     the same with X = hi + lo, two bf16 parts: X to ~16 bits
-  split-vn  X, and Vn where P and K^T diag(f) multiply it, each as two parts
+  bf16-x    Vn = A X,  X = bf16(diag(beta) (V - diag(e) K S))   (the kernels until 2026-12-02)
+  ours      the same with X = hi + lo, two bf16 parts (X to ~16 bits), and Vn in two parts where
+            P multiplies it for O                                     (the kernels, state_forward.cu)
+  split-vs  ours, and Vn in two parts where K^T diag(f) multiplies it for the state too
   wy        Vn = u - W S,  u = bf16(A diag(beta) V), W = bf16(A diag(beta e) K)
   wy-fla    as wy, with beta V and beta e K rounded to bf16 before A (FLA's recompute_w_u)
 and `ours` cut into segments joined by f32 affine summaries (fold.cu). A is bf16((I + L)^-1)
@@ -61,15 +62,15 @@ def step(S, ch, form, low, v=None):
     r = bf16 if low else (lambda x: x)
     V = ch.v if v is None else v
     b, e, Sb = ch.beta[:, None], ch.e[:, None], r(S)
-    if form in ("ours", "split", "split-vn"):
+    exact = lambda x: x  # noqa: E731 (a value carried in two bf16 parts)
+    if form in ("bf16-x", "ours", "split-vs"):
         X = b * (V - e * (ch.k @ Sb))
-        Vn = ch.A @ (r(X) if form == "ours" else X)
+        Vn = ch.A @ (r(X) if form == "bf16-x" else X)
     else:
-        pre = r if form == "wy-fla" else (lambda x: x)
+        pre = r if form == "wy-fla" else exact
         Vn = r(ch.A @ pre(b * V)) - r(ch.A @ pre(b * e * ch.k)) @ Sb
-    rv = (lambda x: x) if form == "split-vn" else r
-    O = (SCALE * e) * (ch.q @ Sb) + ch.P @ rv(Vn)
-    return ch.gamma * S + ch.k.T @ rv(ch.f[:, None] * Vn), O
+    O = (SCALE * e) * (ch.q @ Sb) + ch.P @ (exact if form in ("ours", "split-vs") else r)(Vn)
+    return ch.gamma * S + ch.k.T @ (exact if form == "split-vs" else r)(ch.f[:, None] * Vn), O
 
 
 def forward(p, form="ours", segments=1, low=True):
@@ -108,12 +109,14 @@ def forward(p, form="ours", segments=1, low=True):
 def dh0(p, form="ours", low=True):
     """The state gradient's reverse chain (state_backward.cu) from d_ht and dO: dh0. Per chunk,
     dVn = diag(f) K dS + P^T dO, Y = A^T dVn, dS <- gamma dS + Q^T diag(scale e) dO -
-    K^T diag(beta e) Y; the kernels round dS, dVn (before A) and diag(beta e) Y (before K) to bf16;
-    split-dvn and split-y carry one of the two as hi + lo parts, split-both both."""
+    K^T diag(beta e) Y; the kernels round dS, dVn (before A) and diag(beta e) Y (before K) to bf16
+    and carry diag(scale e) dO as hi + lo parts (`ours`; bf16-sdo rounds it once, as the kernels
+    did until 2026-12-02); split-dvn and split-y carry dVn or Y in two parts too, split-both both."""
     dt = np.float32 if low else np.float64
     r = bf16 if low else (lambda x: x)
     r_dvn = (lambda x: x) if form in ("split-dvn", "split-both") else r
     r_y = (lambda x: x) if form in ("split-y", "split-both") else r
+    r_sdo = r if form == "bf16-sdo" else (lambda x: x)
     norm = lambda x: r(x / np.sqrt((x * x).sum(1, keepdims=True) + 1e-6))  # noqa: E731
     qn, kn = norm(p["q"].astype(dt)), norm(p["k"].astype(dt))
     T = len(p["g"])
@@ -124,7 +127,7 @@ def dh0(p, form="ours", low=True):
         dO = p["d_o"][a:a + C].astype(dt)
         dVn = ch.f[:, None] * (ch.k @ r(dS)) + ch.P.T @ dO
         Y = ch.A.T @ r_dvn(dVn)
-        dS = (ch.gamma * dS + ch.q.T @ r(SCALE * ch.e[:, None] * dO) -
+        dS = (ch.gamma * dS + ch.q.T @ r_sdo(SCALE * ch.e[:, None] * dO) -
               ch.k.T @ r_y(ch.beta[:, None] * ch.e[:, None] * Y))
     return dS
 
@@ -136,7 +139,7 @@ def rel(x, y):
 if __name__ == "__main__":
     T = int(sys.argv[1]) if len(sys.argv) > 1 else 4096
     segments = int(sys.argv[2]) if len(sys.argv) > 2 else 34
-    forms = [("ours", 1), ("split", 1), ("split-vn", 1), ("wy", 1), ("wy-fla", 1),
+    forms = [("bf16-x", 1), ("ours", 1), ("split-vs", 1), ("wy", 1), ("wy-fla", 1),
              ("ours", segments)]
     print(f"T={T}, relative error vs float64 of o / final state")
     print("gates  seed  " + "  ".join(f"{f}/{s}".ljust(21) for f, s in forms))
@@ -149,7 +152,7 @@ if __name__ == "__main__":
                 o, s = forward(p, form, seg)
                 cells.append(f"{rel(o, o64):.3e} / {rel(s, s64):.3e}")
             print(f"{gates:6s} {seed:4d}  " + "  ".join(cells), flush=True)
-    backward = ("ours", "split-dvn", "split-y", "split-both")
+    backward = ("bf16-sdo", "ours", "split-dvn", "split-y", "split-both")
     print(f"T={T}, relative error vs float64 of dh0 (the state gradient's chain)")
     print("gates  seed  " + "  ".join(f.ljust(10) for f in backward))
     for gates in ("strong", "weak"):

@@ -21,6 +21,14 @@ __device__ inline std::uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 x = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const std::uint32_t*>(&x);
 }
+// The pair rounded to bf16 (returned), and what the rounding left out, rounded too (`rest`): a
+// product with the two as A operands sees the pair to about 16 bits.
+__device__ inline std::uint32_t pack_bf16_split(float lo, float hi, std::uint32_t& rest) {
+  const __nv_bfloat162 x = __floats2bfloat162_rn(lo, hi);
+  const float2 back = __bfloat1622float2(x);
+  rest = pack_bf16(lo - back.x, hi - back.y);
+  return *reinterpret_cast<const std::uint32_t*>(&x);
+}
 
 // Two values of a 16-bit type in one register, and back.
 template <typename T>
@@ -92,6 +100,20 @@ __device__ inline void acc_to_a(std::uint32_t (&a)[4], const Acc* acc, int kt, S
   a[1] = pack_bf16(lo[2] * s0, lo[3] * s1);
   a[2] = pack_bf16(hi[0] * s8, hi[1] * s9);
   a[3] = pack_bf16(hi[2] * s8, hi[3] * s9);
+}
+// acc_to_a in two bf16 parts (pack_bf16_split): a the rounded values, rest what rounding left.
+template <typename Scale>
+__device__ inline void acc_to_a_split(std::uint32_t (&a)[4], std::uint32_t (&rest)[4],
+                                      const Acc* acc, int kt, Scale col_scale) {
+  const int c = 2 * (threadIdx.x % 4) + 16 * kt;
+  const float s0 = col_scale(c), s1 = col_scale(c + 1), s8 = col_scale(c + 8),
+              s9 = col_scale(c + 9);
+  const float* lo = acc[2 * kt];
+  const float* hi = acc[2 * kt + 1];
+  a[0] = pack_bf16_split(lo[0] * s0, lo[1] * s1, rest[0]);
+  a[1] = pack_bf16_split(lo[2] * s0, lo[3] * s1, rest[1]);
+  a[2] = pack_bf16_split(hi[0] * s8, hi[1] * s9, rest[2]);
+  a[3] = pack_bf16_split(hi[2] * s8, hi[3] * s9, rest[3]);
 }
 
 // Lane addresses into a row-major 16-bit tile `base` (row stride ld elements):

@@ -61,7 +61,9 @@ __global__ void __launch_bounds__(kThreads, 1) state_backward_kernel(Params p) {
     wgmma_fence();
     wgmma_nk(dvn, da, t.k, false);
     wgmma_commit();
-    std::uint32_t oa[4][4], sa[4][4];  // dO^T, and dO^T diag(scale e)
+    // dO^T, and dO^T diag(scale e) in two bf16 parts (sa + sl, pack_bf16_split): rounding it to
+    // bf16 once cost 30% of dh0's accuracy under strong gates (bench/rounding.py).
+    std::uint32_t oa[4][4], sa[4][4], sl[4][4];
 #pragma unroll
     for (int kt = 0; kt < 4; ++kt) {
       float2 d[4];
@@ -73,10 +75,10 @@ __global__ void __launch_bounds__(kThreads, 1) state_backward_kernel(Params p) {
       oa[kt][1] = pack_bf16(d[1].x, d[1].y);
       oa[kt][2] = pack_bf16(d[2].x, d[2].y);
       oa[kt][3] = pack_bf16(d[3].x, d[3].y);
-      sa[kt][0] = pack_bf16(e0 * d[0].x, e1 * d[0].y);
-      sa[kt][1] = pack_bf16(e0 * d[1].x, e1 * d[1].y);
-      sa[kt][2] = pack_bf16(e8 * d[2].x, e9 * d[2].y);
-      sa[kt][3] = pack_bf16(e8 * d[3].x, e9 * d[3].y);
+      sa[kt][0] = pack_bf16_split(e0 * d[0].x, e1 * d[0].y, sl[kt][0]);
+      sa[kt][1] = pack_bf16_split(e0 * d[1].x, e1 * d[1].y, sl[kt][1]);
+      sa[kt][2] = pack_bf16_split(e8 * d[2].x, e9 * d[2].y, sl[kt][2]);
+      sa[kt][3] = pack_bf16_split(e8 * d[3].x, e9 * d[3].y, sl[kt][3]);
     }
     wgmma_wait<0>();
     fence_acc(dvn);
@@ -91,7 +93,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_backward_kernel(Params p) {
     fence_acc(dvn);
 
     // Y = dVn^T A, then dS^T = gamma dS^T + (dO^T diag(scale e)) Q - (Y diag(beta e)) K (the
-    // Q term runs while dVn is stored and Y scaled).
+    // Q term, two wgmma for the two parts, runs while dVn is stored and Y scaled).
     std::uint32_t na[4][4];
 #pragma unroll
     for (int kt = 0; kt < 4; ++kt) acc_to_a(na[kt], dvn, kt, [](int) { return 1.0f; });
@@ -105,6 +107,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_backward_kernel(Params p) {
     wgmma_kn(y, na, t.a, kC, false);
     wgmma_commit();
     wgmma_kn(dS, sa, t.q, kC, true);
+    wgmma_kn(dS, sl, t.q, kC, true);
     wgmma_commit();
     if constexpr (!kSummary) store_tokens<bf16>(dvn, staging, p.dvn + s * kC * kD + vw, kD, kC);
     wgmma_wait<1>();

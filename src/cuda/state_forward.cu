@@ -1,5 +1,5 @@
 // The chunk-serial forward (spec 3) with the state in registers (state_pass.cuh), per chunk:
-//   Vn = A diag(beta) (V - diag(e) K S),     e = exp(G), f = exp(G_C - G), gamma = exp(G_C),
+//   Vn = A X,  X = diag(beta) (V - diag(e) K S),  e = exp(G), f = exp(G_C - G), gamma = exp(G_C),
 //   O  = diag(scale e) Q S + P Vn,          (P from chunk_prep, scale folded in)
 //   S' = gamma S + K^T diag(f) Vn,
 // each computed transposed (S^T is what a warp holds): (K S)^T = S^T K^T, Vn^T = X^T A^T, ...
@@ -83,8 +83,10 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
     wgmma_wait<kOutput ? 1 : 0>();
     fence_acc(ks);
 
-    // X^T diag(beta) = (V^T - (K S)^T diag(e)) diag(beta), as A fragments.
-    std::uint32_t xa[4][4];
+    // X^T diag(beta) = (V^T - (K S)^T diag(e)) diag(beta), as A fragments split in two bf16
+    // parts (x = hi + lo), so that Vn = A X sees X to about 16 bits: rounding X to bf16 before
+    // the product cost 8% of o's accuracy and 14-21% of the final state's (bench/rounding.py).
+    std::uint32_t xa[4][4], xl[4][4];
 #pragma unroll
     for (int kt = 0; kt < 4; ++kt) {
       float2 v[4];
@@ -94,16 +96,21 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
       const float b0 = t.beta[c0], b1 = t.beta[c0 + 1], b8 = t.beta[c8], b9 = t.beta[c8 + 1];
       const float* lo = ks[2 * kt];
       const float* hi = ks[2 * kt + 1];
-      xa[kt][0] = pack_bf16(b0 * (v[0].x - e0 * lo[0]), b1 * (v[0].y - e1 * lo[1]));
-      xa[kt][1] = pack_bf16(b0 * (v[1].x - e0 * lo[2]), b1 * (v[1].y - e1 * lo[3]));
-      xa[kt][2] = pack_bf16(b8 * (v[2].x - e8 * hi[0]), b9 * (v[2].y - e9 * hi[1]));
-      xa[kt][3] = pack_bf16(b8 * (v[3].x - e8 * hi[2]), b9 * (v[3].y - e9 * hi[3]));
+      xa[kt][0] =
+          pack_bf16_split(b0 * (v[0].x - e0 * lo[0]), b1 * (v[0].y - e1 * lo[1]), xl[kt][0]);
+      xa[kt][1] =
+          pack_bf16_split(b0 * (v[1].x - e0 * lo[2]), b1 * (v[1].y - e1 * lo[3]), xl[kt][1]);
+      xa[kt][2] =
+          pack_bf16_split(b8 * (v[2].x - e8 * hi[0]), b9 * (v[2].y - e9 * hi[1]), xl[kt][2]);
+      xa[kt][3] =
+          pack_bf16_split(b8 * (v[3].x - e8 * hi[2]), b9 * (v[3].y - e9 * hi[3]), xl[kt][3]);
     }
 
     // Vn^T = X^T diag(beta) A^T.
     Acc vn[8];
     wgmma_fence();
     wgmma_nk(vn, xa, t.a, false);
+    wgmma_nk(vn, xl, t.a, true);
     wgmma_commit();
     wgmma_wait<0>();
     fence_acc(vn);
@@ -114,11 +121,13 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
       for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) qs[nt][e] *= p.scale * t.e[8 * nt + c + e % 2];
-      std::uint32_t va[4][4];
+      std::uint32_t va[4][4], vl[4][4];  // Vn in two parts, as X (off the state's chain)
 #pragma unroll
-      for (int kt = 0; kt < 4; ++kt) acc_to_a(va[kt], vn, kt, [](int) { return 1.0f; });
+      for (int kt = 0; kt < 4; ++kt)
+        acc_to_a_split(va[kt], vl[kt], vn, kt, [](int) { return 1.0f; });
       wgmma_fence();
       wgmma_nk(qs, va, t.pm, true);
+      wgmma_nk(qs, vl, t.pm, true);
       wgmma_commit();
     }
 
