@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -28,10 +29,12 @@ constexpr double kGradTolerance = 1.5e-2;
 // With reuse_forward, the backward reads the forward's workspace instead of recomputing it; with
 // save, that forward also saved the per-chunk states and Vn.
 // host_offsets = false: cu_seqlens only on the device (the workspace sized from shapes alone).
-// edit, when given, changes the generated inputs first.
+// edit, when given, changes the generated inputs first; errors, when given, gets each output's
+// error by name.
 void check_problem(const Problem& p, bool reuse_forward = false, bool save = false,
                    bool host_offsets = true,
-                   const std::function<void(ProblemData&)>& edit = nullptr) {
+                   const std::function<void(ProblemData&)>& edit = nullptr,
+                   std::map<std::string, double>* errors = nullptr) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   ProblemData data = generate(p);
   if (edit) edit(data);
@@ -98,6 +101,7 @@ void check_problem(const Problem& p, bool reuse_forward = false, bool save = fal
     const double err = relative_error(got.ref(), item.want->ref());
     line += std::string(" ") + item.name + " " + std::to_string(err);
     EXPECT_LE(err, item.tol) << item.name;
+    if (errors) (*errors)[item.name] = err;
   }
   std::printf("[ errors   ] T=%lld HK=%lld HV=%lld B=%lld varlen=%d reuse=%d save=%d:%s\n",
               static_cast<long long>(p.T), static_cast<long long>(p.HK),
@@ -162,6 +166,17 @@ TEST(CudaDeltaRule, BackwardReadsSavedStates) {
   for (auto n : p.seqlens) p.T += n;
   p.dtype = DType::f16;
   check_problem(p, true, true);
+}
+// Where the kernels carry an operand in two bf16 parts (X and Vn for O in state_forward.cu,
+// diag(scale e) dO in state_backward.cu): on this problem they give o 3.33e-3 and dh0 1.73e-3,
+// against 3.71e-3 and 2.39e-3 with X alone in two parts (bench/RESULTS.md, eleventh session).
+// The bounds sit between, so that losing either split fails here.
+TEST(CudaDeltaRule, TwoPartOperandsKeepTheErrorsLow) {
+  std::map<std::string, double> errors;
+  check_problem(base(4096, 1, 2), true, true, true, nullptr, &errors);
+  if (errors.empty()) return;  // skipped
+  EXPECT_LE(errors["o"], 3.5e-3);
+  EXPECT_LE(errors["dh0"], 2.0e-3);
 }
 TEST(CudaDeltaRule, F16) {
   Problem p = base(500, 2, 2);
