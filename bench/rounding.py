@@ -9,6 +9,8 @@ operands (round to nearest even) and multiplies in f32, so its errors land where
   ours      the same with X = hi + lo, two bf16 parts (X to ~16 bits), and Vn in two parts where
             P multiplies it for O                                     (the kernels, state_forward.cu)
   split-vs  ours, and Vn in two parts where K^T diag(f) multiplies it for the state too
+  unit-rows ours with the unit rows q / |q|, k / |k| not rounded to bf16: the rows q, k as they
+            come (bf16) in the products and their l2norm factors applied in f32
   wy        Vn = u - W S,  u = bf16(A diag(beta) V), W = bf16(A diag(beta e) K)
   wy-fla    as wy, with beta V and beta e K rounded to bf16 before A (FLA's recompute_w_u)
 and `ours` cut into segments joined by f32 affine summaries (fold.cu). A is bf16((I + L)^-1)
@@ -77,7 +79,9 @@ def forward(p, form="ours", segments=1, low=True):
     """o and the final state; low=False is the float64 reference (no rounding)."""
     dt = np.float32 if low else np.float64
     r = bf16 if low else (lambda x: x)
-    norm = lambda x: r(x / np.sqrt((x * x).sum(1, keepdims=True) + 1e-6))  # noqa: E731
+    r_unit = (lambda x: x) if form == "unit-rows" else r
+    form = "ours" if form == "unit-rows" else form
+    norm = lambda x: r_unit(x / np.sqrt((x * x).sum(1, keepdims=True) + 1e-6))  # noqa: E731
     qn, kn = norm(p["q"].astype(dt)), norm(p["k"].astype(dt))
     T = len(p["g"])
     chunks = [Chunk(qn[a:a + C], kn[a:a + C], p["v"][a:a + C], p["g"][a:a + C],
@@ -111,13 +115,15 @@ def dh0(p, form="ours", low=True):
     dVn = diag(f) K dS + P^T dO, Y = A^T dVn, dS <- gamma dS + Q^T diag(scale e) dO -
     K^T diag(beta e) Y; the kernels round dS, dVn (before A) and diag(beta e) Y (before K) to bf16
     and carry diag(scale e) dO as hi + lo parts (`ours`; bf16-sdo rounds it once, as the kernels
-    did until 2026-12-02); split-dvn and split-y carry dVn or Y in two parts too, split-both both."""
+    did until 2026-12-02); split-dvn and split-y carry dVn or Y in two parts too, split-both both;
+    unit-rows is ours with the unit rows of q, k not rounded (as forward())."""
     dt = np.float32 if low else np.float64
     r = bf16 if low else (lambda x: x)
     r_dvn = (lambda x: x) if form in ("split-dvn", "split-both") else r
     r_y = (lambda x: x) if form in ("split-y", "split-both") else r
     r_sdo = r if form == "bf16-sdo" else (lambda x: x)
-    norm = lambda x: r(x / np.sqrt((x * x).sum(1, keepdims=True) + 1e-6))  # noqa: E731
+    r_unit = (lambda x: x) if form == "unit-rows" else r
+    norm = lambda x: r_unit(x / np.sqrt((x * x).sum(1, keepdims=True) + 1e-6))  # noqa: E731
     qn, kn = norm(p["q"].astype(dt)), norm(p["k"].astype(dt))
     T = len(p["g"])
     dS = p["d_ht"].astype(dt)
@@ -139,8 +145,8 @@ def rel(x, y):
 if __name__ == "__main__":
     T = int(sys.argv[1]) if len(sys.argv) > 1 else 4096
     segments = int(sys.argv[2]) if len(sys.argv) > 2 else 34
-    forms = [("bf16-x", 1), ("ours", 1), ("split-vs", 1), ("wy", 1), ("wy-fla", 1),
-             ("ours", segments)]
+    forms = [("bf16-x", 1), ("ours", 1), ("split-vs", 1), ("unit-rows", 1), ("wy", 1),
+             ("wy-fla", 1), ("ours", segments)]
     print(f"T={T}, relative error vs float64 of o / final state")
     print("gates  seed  " + "  ".join(f"{f}/{s}".ljust(21) for f, s in forms))
     for gates in ("strong", "weak"):
@@ -152,7 +158,7 @@ if __name__ == "__main__":
                 o, s = forward(p, form, seg)
                 cells.append(f"{rel(o, o64):.3e} / {rel(s, s64):.3e}")
             print(f"{gates:6s} {seed:4d}  " + "  ".join(cells), flush=True)
-    backward = ("bf16-sdo", "ours", "split-dvn", "split-y", "split-both")
+    backward = ("bf16-sdo", "ours", "split-dvn", "split-y", "split-both", "unit-rows")
     print(f"T={T}, relative error vs float64 of dh0 (the state gradient's chain)")
     print("gates  seed  " + "  ".join(f.ljust(10) for f in backward))
     for gates in ("strong", "weak"):
