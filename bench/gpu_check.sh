@@ -2,7 +2,8 @@
 # On the GPU machine, from the repository root, after bench/gpu_stage.sh: the CUDA tests, the
 # sanitizers, a per-kernel profile at B=1 T=65536, then bench_cuda and bench/peers.py's speed
 # part (gdn, FLA, FlashQLA and transformers in the same run). Logs go to $OUT (or ./gpu-logs).
-# Stages: test, cp, cp-bench, cp-sanitize, profile, stalls, bench (default: test sanitize profile bench).
+# Stages: test, cp, cp-bench, cp-sanitize, profile, stalls, bench, accuracy (default: test sanitize
+# profile bench).
 set -uo pipefail
 out="${OUT:-$PWD/gpu-logs}"
 mkdir -p "$out"
@@ -64,7 +65,10 @@ for stage in $stages; do
     bench)  # gdn and its peers by CUDA-graph replay (bench/gpu_peers.sh installs the wheels)
       .device/bench_cuda | tee "$out/bench.log"
       bash bench/gpu_peers.sh --part speed ;;
-    *) echo "gpu_check: unknown stage $stage (test, cp, cp-bench, cp-sanitize, sanitize, profile, stalls, bench)"
+    accuracy)  # every output against float64, gdn and its peers on the same inputs (a fresh
+      # machine compiles the peers' kernels first: over 250 s each for FLA and FlashQLA)
+      bash bench/gpu_peers.sh --part accuracy --peers gdn,fla,flashqla ;;
+    *) echo "gpu_check: unknown stage $stage (test, cp, cp-bench, cp-sanitize, sanitize, profile, stalls, bench, accuracy)"
        exit 2 ;;
   esac
 done
