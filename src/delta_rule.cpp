@@ -9,7 +9,7 @@ namespace gdn {
 
 void delta_rule_forward(const DeltaRuleInputs& in, const DeltaRuleOutputs& out, Method method) {
   const DeltaRuleShape shape = validate(in);
-  validate_outputs(shape, out);
+  validate_outputs(in, shape, out);
   switch (method) {
     case Method::chunked:
       return cpu::chunked_forward(in, shape, out);

@@ -3,6 +3,10 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <cstdint>
+#include <utility>
+#include <vector>
+
 #include "core/convert.h"
 #include "gdn/error.h"
 
@@ -63,6 +67,43 @@ void check_offsets(const TensorRef& cu, std::int64_t N, std::int64_t T) {
                       i, at(i), i - 1, at(i - 1)));
   if (at(N) != T)
     throw Error(fmt::format("cu_seqlens must end at T = {}, got cu_seqlens[{}] = {}", T, N, at(N)));
+}
+
+using Named = std::pair<const char*, const TensorRef*>;
+
+// Whether two given tensors share a byte.
+bool overlap(const TensorRef& a, const TensorRef& b) {
+  const auto start = [](const TensorRef& t) { return reinterpret_cast<std::uintptr_t>(t.data); };
+  const auto end = [&](const TensorRef& t) {
+    return start(t) + static_cast<std::uintptr_t>(t.numel()) * dtype_size(t.dtype);
+  };
+  return a.given() && b.given() && a.numel() > 0 && b.numel() > 0 && start(a) < end(b) &&
+         start(b) < end(a);
+}
+
+// Every written tensor apart from every read one and from the other written ones: a kernel that
+// wrote over what it (or a later chunk) still reads would give a wrong answer, silently.
+void require_apart(const std::vector<Named>& written, const std::vector<Named>& read) {
+  for (std::size_t i = 0; i < written.size(); ++i) {
+    for (const Named& r : read)
+      if (overlap(*written[i].second, *r.second))
+        throw Error(fmt::format("{} must not overlap {} in memory: it is written while {} is read",
+                                written[i].first, r.first, r.first));
+    for (std::size_t j = 0; j < i; ++j)
+      if (overlap(*written[i].second, *written[j].second))
+        throw Error(fmt::format("{} and {} must not overlap in memory: both are written",
+                                written[j].first, written[i].first));
+  }
+}
+
+std::vector<Named> inputs_of(const DeltaRuleInputs& in) {
+  return {{"q", &in.q},
+          {"k", &in.k},
+          {"v", &in.v},
+          {"g", &in.g},
+          {"beta", &in.beta},
+          {"initial_state", &in.initial_state},
+          {"cu_seqlens", &in.cu_seqlens}};
 }
 
 }  // namespace
@@ -136,9 +177,11 @@ std::vector<Sequence> sequences(const DeltaRuleInputs& in, const DeltaRuleShape&
   return out;
 }
 
-void validate_outputs(const DeltaRuleShape& s, const DeltaRuleOutputs& out) {
+void validate_outputs(const DeltaRuleInputs& in, const DeltaRuleShape& s,
+                      const DeltaRuleOutputs& out) {
   check("o", out.o, {s.B, s.T, s.HV, s.V}, "[B, T, HV, V]");
   check("final_state", out.final_state, {s.N, s.HV, s.K, s.V}, "[N, HV, K, V]", true);
+  require_apart({{"o", &out.o}, {"final_state", &out.final_state}}, inputs_of(in));
 }
 
 void validate_grad_inputs(const DeltaRuleShape& s, const TensorRef& d_o,
@@ -158,6 +201,15 @@ void validate_grads(const DeltaRuleInputs& in, const DeltaRuleShape& s, const De
     check("dh0", gr.dh0, {s.N, s.HV, s.K, s.V}, "[N, HV, K, V]");
   else if (gr.dh0.given())
     throw Error("dh0 was given but initial_state was not: dh0 exists only with an initial state");
+  std::vector<Named> read = inputs_of(in);
+  read.insert(read.end(), {{"d_o", &gr.d_o}, {"d_final_state", &gr.d_final_state}});
+  require_apart({{"dq", &gr.dq},
+                 {"dk", &gr.dk},
+                 {"dv", &gr.dv},
+                 {"dg", &gr.dg},
+                 {"dbeta", &gr.dbeta},
+                 {"dh0", &gr.dh0}},
+                read);
 }
 
 }  // namespace gdn

@@ -177,6 +177,37 @@ TEST(Validate, GradientOfOutputShape) {
   expect_error([&] { delta_rule_backward(f.in, g); }, "d_o must have shape [B, T, HV, V] (rank 4)");
 }
 
+// An output written over an input (or over another output) would change what later chunks read:
+// a whole alias, a partial one, and the natural in-place state update are all refused.
+TEST(Validate, OutputsMustNotOverlapInputs) {
+  Fixture f;
+  DeltaRuleOutputs out = f.results.outputs();
+  out.o.data = f.in.v.data;  // the same shape and dtype as o
+  expect_error([&] { delta_rule_forward(f.in, out); },
+               "o must not overlap v in memory: it is written while v is read");
+  out = f.results.outputs();
+  out.final_state.data = f.in.initial_state.data;
+  expect_error([&] { delta_rule_forward(f.in, out); },
+               "final_state must not overlap initial_state");
+  out = f.results.outputs();
+  out.o.data = static_cast<float*>(f.in.v.data) + 5;  // a partial overlap, never written
+  expect_error([&] { delta_rule_forward(f.in, out); }, "o must not overlap v");
+}
+
+TEST(Validate, GradientsMustNotOverlapInputsOrEachOther) {
+  Fixture f;
+  DeltaRuleGrads g = f.results.grads(f.data);
+  g.dv.data = g.d_o.data;
+  expect_error([&] { delta_rule_backward(f.in, g); }, "dv must not overlap d_o in memory");
+  g = f.results.grads(f.data);
+  g.dk.data = g.dq.data;
+  expect_error([&] { delta_rule_backward(f.in, g); },
+               "dq and dk must not overlap in memory: both are written");
+  g = f.results.grads(f.data);
+  g.dq.data = f.in.q.data;
+  expect_error([&] { delta_rule_backward(f.in, g); }, "dq must not overlap q");
+}
+
 // Tensors are cut by token only after their shapes are checked: slice_tokens and place_tokens
 // reject what they cannot cut, shard_of checks the whole problem (d_o included) first.
 TEST(SliceTokens, RejectsBadRanksAndRanges) {

@@ -91,7 +91,7 @@ void CpDeltaRule::forward(const DeltaRuleInputs& shard, const DeltaRuleOutputs& 
   }
   saved->plan = cp::plan_shard(comm_, *backend_, host_view, checked_T_);
   const cp::ShardPlan& plan = saved->plan;
-  validate_outputs(user_shape(plan), out);
+  validate_outputs(shard, user_shape(plan), out);
   saved->strategy = options_.strategy == Strategy::automatic
                         ? cp::choose_strategy(plan, backend_->memory(), options_.save_for_backward)
                         : options_.strategy;

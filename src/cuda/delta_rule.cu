@@ -311,7 +311,7 @@ Call forward_call(const DeltaRuleInputs& in, const DeltaRuleOutputs* out, const 
                   const cuda::Carried& carried) {
   const DeltaRuleShape s = check_inputs(in, ctx.cu_seqlens_host);
   if (out) {
-    validate_outputs(s, *out);
+    validate_outputs(in, s, *out);
     require_dtype("o", out->o, in.q.dtype);
     require_dtype("final_state", out->final_state, DType::f32);
   }
