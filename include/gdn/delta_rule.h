@@ -59,6 +59,9 @@ struct DeltaRuleShape {
 // Checks every tensor's rank, shape and dtype; throws gdn::Error naming the argument otherwise.
 DeltaRuleShape validate(const DeltaRuleInputs& in);
 
+// The outputs and gradients are written while the inputs are read: none of them may overlap an
+// input or another written tensor in memory (gdn::Error naming both otherwise).
+
 void delta_rule_forward(const DeltaRuleInputs& in, const DeltaRuleOutputs& out,
                         Method method = Method::chunked);
 void delta_rule_backward(const DeltaRuleInputs& in, const DeltaRuleGrads& grads,
