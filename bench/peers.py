@@ -158,7 +158,7 @@ def accuracy(fn, work):
             continue
         got = [o, ht] + list(grads)
         errs = [((a.double().cpu() - b).norm() / b.norm()).item() for a, b in zip(got, p["ref"])]
-        rows.append((name, " ".join(f"{n} {e:.2e}" for n, e in zip(OUTPUTS, errs))))
+        rows.append((name, " ".join(f"{n} {e:.3e}" for n, e in zip(OUTPUTS, errs))))
     return rows
 
 
@@ -276,7 +276,37 @@ def main():
             raise SystemExit("a reference failed")
         for peer in peers:
             run(peer, "accuracy")
-    print("\n".join(["", "== summary"] + lines))
+    print("\n".join(["", "== summary"] + lines + accuracy_against_peers(lines)))
+
+
+def accuracy_against_peers(lines):
+    """gdn's error beside the best other peer's, per case and output, from the accuracy lines
+    ("accuracy PEER CASE: o 3.3e-03 final_state ..."); a row names the outputs where gdn is above."""
+    errors = {}  # (case, output) -> {peer: error}
+    for line in lines:
+        if not line.startswith("accuracy ") or " n/a " in line:
+            continue
+        head, values = line.split(": ", 1)
+        _, peer, case = head.split()
+        fields = values.split()
+        for name, value in zip(fields[::2], fields[1::2]):
+            errors.setdefault((case, name), {})[peer] = float(value)
+    rows = []
+    for case in sorted({c for c, _ in errors}):
+        cells, above = [], []
+        for name in OUTPUTS:
+            by_peer = errors.get((case, name), {})
+            others = {p: e for p, e in by_peer.items() if p != "gdn"}
+            if "gdn" not in by_peer or not others:
+                continue
+            best = min(others, key=others.get)
+            cells.append(f"{name} {by_peer['gdn']:.3e}/{others[best]:.3e} {best}")
+            if by_peer["gdn"] > others[best]:
+                above.append(name)
+        if cells:
+            rows.append(f"gdn / best peer {case}: " + ", ".join(cells) +
+                        (f"; above: {' '.join(above)}" if above else "; at or below on all"))
+    return ["", "== gdn against the best peer"] + rows if rows else []
 
 
 if __name__ == "__main__":
