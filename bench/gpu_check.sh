@@ -2,8 +2,8 @@
 # On the GPU machine, from the repository root, after bench/gpu_stage.sh: the CUDA tests, the
 # sanitizers, a per-kernel profile at B=1 T=65536, then bench_cuda and bench/peers.py's speed
 # part (gdn, FLA, FlashQLA and transformers in the same run). Logs go to $OUT (or ./gpu-logs).
-# Stages: test, cp, cp-bench, cp-sanitize, profile, stalls, bench, accuracy (default: test sanitize
-# profile bench).
+# Stages: test, cp, cp-bench, cp-sanitize, profile, stalls, bench, accuracy, peers-profile
+# (default: test sanitize profile bench).
 set -uo pipefail
 out="${OUT:-$PWD/gpu-logs}"
 mkdir -p "$out"
@@ -68,7 +68,12 @@ for stage in $stages; do
     accuracy)  # every output against float64, gdn and its peers on the same inputs (a fresh
       # machine compiles the peers' kernels first: over 250 s each for FLA and FlashQLA)
       bash bench/gpu_peers.sh --part accuracy --peers gdn,fla,flashqla ;;
-    *) echo "gpu_check: unknown stage $stage (test, cp, cp-bench, cp-sanitize, sanitize, profile, stalls, bench, accuracy)"
+    peers-profile)  # FlashQLA's kernels, one forward + backward at B=1 T=65536, beside `profile`
+      GDN_PEERS_RUNNER="ncu --profile-from-start off --clock-control none --metrics \
+gpu__time_duration.sum" bash bench/gpu_peers.sh --peer flashqla --part profile >"$out/peers-ncu.log" 2>&1
+      grep -E "^  [a-zA-Z_].*\(|gpu__time_duration" "$out/peers-ncu.log" |
+        sed -E 's/^ *(void )?//; s/\(.*//; s/gpu__time_duration.sum//' | paste - - ;;
+    *) echo "gpu_check: unknown stage $stage (test, cp, cp-bench, cp-sanitize, sanitize, profile, stalls, bench, accuracy, peers-profile)"
        exit 2 ;;
   esac
 done

@@ -7,7 +7,8 @@
 # .peers/<name>.tgz.* and written back as $OUT/<name>.tgz.* (15 MB pieces: $OUT's files come back
 # up to 16 MiB each), so that a later machine skips the peers' compilation and autotuning
 # (TileLang's took 490 s on a fresh H200, Triton's 450 s); GDN_PEERS_TIMEOUT=S stops peers.py after
-# S seconds, so that the caches still come back.
+# S seconds, so that the caches still come back; GDN_PEERS_RUNNER runs peers.py under a command
+# (ncu for `--part profile`).
 set -uo pipefail
 out="${OUT:-$PWD/gpu-logs}"
 mkdir -p "$out" /tmp/site /tmp/kernel-cache
@@ -25,7 +26,8 @@ export LD_LIBRARY_PATH="/tmp/site-lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" PYTH
   PYTHONUNBUFFERED=1
 if [ $# -gt 0 ]; then
   nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
-  timeout "${GDN_PEERS_TIMEOUT:-0}" python3 bench/peers.py "$@" 2>&1 | tee "$out/peers.log"
+  timeout "${GDN_PEERS_TIMEOUT:-0}" ${GDN_PEERS_RUNNER:-} python3 bench/peers.py "$@" 2>&1 |
+    tee "$out/peers.log"
 fi
 for name in triton tilelang; do
   [ -d /tmp/kernel-cache/$name ] &&

@@ -7,6 +7,9 @@ against a float64 reference, on the same inputs.
                                            # flashqla, flashqla-nocp, transformers)
     bash bench/gpu_peers.sh --part speed   # on the GPU machine: the carried wheels installed
                                            # first, the peers' kernel caches kept
+    python3 bench/peers.py --peer flashqla --part profile   # one forward + backward at B=1
+                                           # T=65536 HK=16 HV=32 between cudaProfilerStart and
+                                           # Stop, for ncu --profile-from-start off
 
 The peers' wheels (Python 3.12, fetched here with `pip download --no-deps`): .peers/a holds
 fla-core 0.6.0, flash-qla 0.1.3, apache-tvm-ffi 0.1.12, torch-c-dlpack-ext 0.1.5 and z3-solver
@@ -192,17 +195,21 @@ def replay_ms(body):
     return statistics.median(times), how
 
 
+def timing_inputs(B, T, HK, HV):
+    """q, k, v, g, beta (leaves) and d_o on the GPU, as the timings take them."""
+    p = problem(B, T, HK, HV, seed=1)
+    q, k, v = (p[n].cuda().bfloat16().requires_grad_() for n in ("q", "k", "v"))
+    g = p["g"].cuda().float().requires_grad_()
+    beta = p["beta"].cuda().bfloat16().requires_grad_()
+    return q, k, v, g, beta, p["d_o"].cuda().bfloat16()
+
+
 def speed(fn, max_tokens):
     rows = []
     for B, T, HK, HV in SPEED_SHAPES:
         if B * T > max_tokens:
             continue
-        p = problem(B, T, HK, HV, seed=1)
-        q, k, v = (p[n].cuda().bfloat16().requires_grad_() for n in ("q", "k", "v"))
-        g = p["g"].cuda().float().requires_grad_()
-        beta = p["beta"].cuda().bfloat16().requires_grad_()
-        d_o = p["d_o"].cuda().bfloat16()
-        del p
+        q, k, v, g, beta, d_o = timing_inputs(B, T, HK, HV)
         forward = lambda: fn(q, k, v, g, beta, use_qk_l2norm_in_kernel=True)  # noqa: E731
 
         def both():
@@ -219,9 +226,30 @@ def speed(fn, max_tokens):
     return rows
 
 
+def profile(fn, B=1, T=65536, HK=16, HV=32):
+    """Three forward + backward calls (the peer's compilation and autotuning), then one between
+    cudaProfilerStart and cudaProfilerStop: ncu --profile-from-start off sees that one only."""
+    q, k, v, g, beta, d_o = timing_inputs(B, T, HK, HV)
+
+    def both():
+        o, _ = fn(q, k, v, g, beta, use_qk_l2norm_in_kernel=True)
+        torch.autograd.grad(o, (q, k, v, g, beta), d_o)
+
+    for _ in range(3):
+        both()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    both()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+    print(f"profile: one forward + backward at B={B} T={T} HK={HK} HV={HV}", flush=True)
+
+
 def run_peer(peer, part, work):
     fn = load(peer)
-    if part == "speed":
+    if part == "profile":
+        profile(fn)
+    elif part == "speed":
         print(f"== {peer} ({torch.cuda.get_device_name()}, torch {torch.__version__})", flush=True)
         # transformers' torch loop is timed where it takes seconds, not minutes
         for shape, fwd, fb, how in speed(fn, 16384 if peer == "transformers" else 1 << 30):
@@ -235,9 +263,10 @@ def run_peer(peer, part, work):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--peer", choices=PEERS)
-    parser.add_argument("--part", choices=("speed", "accuracy", "both"), default="both",
-                        help="with --peer: that peer's part (default speed); the driver: which "
-                             "parts for every peer (default both)")
+    parser.add_argument("--part", choices=("speed", "accuracy", "both", "profile"),
+                        default="both",
+                        help="with --peer: that peer's part (default speed; profile: one call "
+                             "for ncu); the driver: which parts for every peer (default both)")
     parser.add_argument("--work", default="/tmp/gdn_peers")
     parser.add_argument("--make-reference", metavar="CASE", choices=sorted(reference_cases()))
     parser.add_argument("--peers", default="gdn,fla,flashqla,transformers",
@@ -247,7 +276,10 @@ def main():
     if args.make_reference:
         return make_reference(args.work, args.make_reference)
     if args.peer:
-        return run_peer(args.peer, "accuracy" if args.part == "accuracy" else "speed", args.work)
+        part = args.part if args.part in ("accuracy", "profile") else "speed"
+        return run_peer(args.peer, part, args.work)
+    if args.part == "profile":
+        raise SystemExit("--part profile needs --peer")
     me = [sys.executable, os.path.abspath(__file__), "--work", args.work]
     lines, start = [], time.monotonic()
 
