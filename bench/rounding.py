@@ -26,6 +26,10 @@ C, D = 64, 128
 SCALE = 1 / np.sqrt(D)
 
 
+def identity(x):
+    return x
+
+
 def bf16(x):
     """x rounded to bf16 (nearest even), as f32."""
     u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
@@ -59,12 +63,23 @@ class Chunk:
             self.A, self.P = bf16(self.A), bf16(self.P)
 
 
+def chunks(p, form, low):
+    """The chunks of p, from q, k over their l2 norms (spec 1), rounded to bf16 when low unless
+    form is unit-rows."""
+    dt = np.float32 if low else np.float64
+    r = bf16 if low and form != "unit-rows" else identity
+    qn, kn = (r(x / np.sqrt((x * x).sum(1, keepdims=True) + 1e-6))
+              for x in (p["q"].astype(dt), p["k"].astype(dt)))
+    return [Chunk(qn[a:a + C], kn[a:a + C], p["v"][a:a + C], p["g"][a:a + C],
+                  p["beta"][a:a + C], dt, low) for a in range(0, len(p["g"]), C)]
+
+
 def step(S, ch, form, low, v=None):
     """One chunk from state S: the state leaving it and the chunk's output O."""
-    r = bf16 if low else (lambda x: x)
+    r = bf16 if low else identity
     V = ch.v if v is None else v
     b, e, Sb = ch.beta[:, None], ch.e[:, None], r(S)
-    exact = lambda x: x  # noqa: E731 (a value carried in two bf16 parts)
+    exact = identity  # a value carried in two bf16 parts
     if form in ("bf16-x", "ours", "split-vs"):
         X = b * (V - e * (ch.k @ Sb))
         Vn = ch.A @ (r(X) if form == "bf16-x" else X)
@@ -78,16 +93,11 @@ def step(S, ch, form, low, v=None):
 def forward(p, form="ours", segments=1, low=True):
     """o and the final state; low=False is the float64 reference (no rounding)."""
     dt = np.float32 if low else np.float64
-    r = bf16 if low else (lambda x: x)
-    r_unit = (lambda x: x) if form == "unit-rows" else r
+    r = bf16 if low else identity
+    all_chunks = chunks(p, form, low)
     form = "ours" if form == "unit-rows" else form
-    norm = lambda x: r_unit(x / np.sqrt((x * x).sum(1, keepdims=True) + 1e-6))  # noqa: E731
-    qn, kn = norm(p["q"].astype(dt)), norm(p["k"].astype(dt))
-    T = len(p["g"])
-    chunks = [Chunk(qn[a:a + C], kn[a:a + C], p["v"][a:a + C], p["g"][a:a + C],
-                    p["beta"][a:a + C], dt, low) for a in range(0, T, C)]
-    per = -(-len(chunks) // segments)
-    parts = [chunks[s * per:(s + 1) * per] for s in range(segments)]
+    per = -(-len(all_chunks) // segments)
+    parts = [all_chunks[s * per:(s + 1) * per] for s in range(segments)]
     # The state entering each segment: segment 0 from h0, then S_k+1 = M_k S_k + N_k with the
     # transfer M_k (from the identity, V = 0) and offset N_k (from zero) in f32.
     entering = [p["h0"].astype(dt)]
@@ -118,18 +128,12 @@ def dh0(p, form="ours", low=True):
     did until 2026-12-02); split-dvn and split-y carry dVn or Y in two parts too, split-both both;
     unit-rows is ours with the unit rows of q, k not rounded (as forward())."""
     dt = np.float32 if low else np.float64
-    r = bf16 if low else (lambda x: x)
-    r_dvn = (lambda x: x) if form in ("split-dvn", "split-both") else r
-    r_y = (lambda x: x) if form in ("split-y", "split-both") else r
-    r_sdo = r if form == "bf16-sdo" else (lambda x: x)
-    r_unit = (lambda x: x) if form == "unit-rows" else r
-    norm = lambda x: r_unit(x / np.sqrt((x * x).sum(1, keepdims=True) + 1e-6))  # noqa: E731
-    qn, kn = norm(p["q"].astype(dt)), norm(p["k"].astype(dt))
-    T = len(p["g"])
+    r = bf16 if low else identity
+    r_dvn = identity if form in ("split-dvn", "split-both") else r
+    r_y = identity if form in ("split-y", "split-both") else r
+    r_sdo = r if form == "bf16-sdo" else identity
     dS = p["d_ht"].astype(dt)
-    for a in reversed(range(0, T, C)):
-        ch = Chunk(qn[a:a + C], kn[a:a + C], p["v"][a:a + C], p["g"][a:a + C], p["beta"][a:a + C],
-                   dt, low)
+    for a, ch in reversed(list(zip(range(0, len(p["g"]), C), chunks(p, form, low)))):
         dO = p["d_o"][a:a + C].astype(dt)
         dVn = ch.f[:, None] * (ch.k @ r(dS)) + ch.P.T @ dO
         Y = ch.A.T @ r_dvn(dVn)
