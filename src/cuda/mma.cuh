@@ -88,32 +88,23 @@ __device__ inline void mma(Acc& d, const std::uint32_t (&a)[4], std::uint32_t b0
 }
 
 // The A fragment of k-tile kt (columns 16 kt .. 16 kt + 15) of a 16-row accumulator block,
-// each column j scaled by col_scale(j).
+// each column j scaled by col_scale(j); with `rest`, in two bf16 parts (pack_bf16_split): a the
+// rounded values, rest what rounding left.
 template <typename Scale>
-__device__ inline void acc_to_a(std::uint32_t (&a)[4], const Acc* acc, int kt, Scale col_scale) {
+__device__ inline void acc_to_a(std::uint32_t (&a)[4], const Acc* acc, int kt, Scale col_scale,
+                                std::uint32_t* rest = nullptr) {
   const int c = 2 * (threadIdx.x % 4) + 16 * kt;
   const float s0 = col_scale(c), s1 = col_scale(c + 1), s8 = col_scale(c + 8),
               s9 = col_scale(c + 9);
   const float* lo = acc[2 * kt];
   const float* hi = acc[2 * kt + 1];
-  a[0] = pack_bf16(lo[0] * s0, lo[1] * s1);
-  a[1] = pack_bf16(lo[2] * s0, lo[3] * s1);
-  a[2] = pack_bf16(hi[0] * s8, hi[1] * s9);
-  a[3] = pack_bf16(hi[2] * s8, hi[3] * s9);
-}
-// acc_to_a in two bf16 parts (pack_bf16_split): a the rounded values, rest what rounding left.
-template <typename Scale>
-__device__ inline void acc_to_a_split(std::uint32_t (&a)[4], std::uint32_t (&rest)[4],
-                                      const Acc* acc, int kt, Scale col_scale) {
-  const int c = 2 * (threadIdx.x % 4) + 16 * kt;
-  const float s0 = col_scale(c), s1 = col_scale(c + 1), s8 = col_scale(c + 8),
-              s9 = col_scale(c + 9);
-  const float* lo = acc[2 * kt];
-  const float* hi = acc[2 * kt + 1];
-  a[0] = pack_bf16_split(lo[0] * s0, lo[1] * s1, rest[0]);
-  a[1] = pack_bf16_split(lo[2] * s0, lo[3] * s1, rest[1]);
-  a[2] = pack_bf16_split(hi[0] * s8, hi[1] * s9, rest[2]);
-  a[3] = pack_bf16_split(hi[2] * s8, hi[3] * s9, rest[3]);
+  const float x[4][2] = {{lo[0] * s0, lo[1] * s1},
+                         {lo[2] * s0, lo[3] * s1},
+                         {hi[0] * s8, hi[1] * s9},
+                         {hi[2] * s8, hi[3] * s9}};
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    a[i] = rest ? pack_bf16_split(x[i][0], x[i][1], rest[i]) : pack_bf16(x[i][0], x[i][1]);
 }
 
 // Lane addresses into a row-major 16-bit tile `base` (row stride ld elements):

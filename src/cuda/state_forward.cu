@@ -124,7 +124,8 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
       std::uint32_t va[4][4], vl[4][4];  // Vn in two parts, as X (off the state's chain)
 #pragma unroll
       for (int kt = 0; kt < 4; ++kt)
-        acc_to_a_split(va[kt], vl[kt], vn, kt, [](int) { return 1.0f; });
+        acc_to_a(
+            va[kt], vn, kt, [](int) { return 1.0f; }, vl[kt]);
       wgmma_fence();
       wgmma_nk(qs, va, t.pm, true);
       wgmma_nk(qs, vl, t.pm, true);
