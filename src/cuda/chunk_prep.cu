@@ -2,17 +2,20 @@
 // everything that does not depend on the state (spec 3):
 //   G = chunk-local cumsum(g),  L = strictly_lower(diag(beta) K K^T * exp(G_i - G_j)),
 //   A = (I + L)^-1,  P = scale (Q K^T) * exp(G_i - G_j) on and below the diagonal,
-// stored as G, beta and the gates exp(G), exp(G_last - G), beta exp(G) (f32) and A, P (bf16) for
-// the state passes and the gradient kernel. Full resets (g <= -128, -inf included; core/reset.h):
-// G is scanned as H, the sum of the other g, and R, the resets so far; the decays come from H
-// within a segment and are exactly 0 across a reset, and the G stored for the gradient kernel
-// is H - 128 R (whose decays across a reset are exp(<= -128) = 0 in float32).
-// q and k become bf16, l2-normalized when asked (spec 1: x * rsqrt(sum(x^2) + 1e-6)), with the
-// factor kept for the backward; K K^T and Q K^T are computed once for the group and share their
-// K^T fragments (mma.sync). A is inverted in 16 x 16 blocks: forward substitution in f32 on the
-// diagonal blocks, then by block diagonals d = 1, 2, 3 on tensor cores (bf16 operands, f32
-// sums), A_ij = -A_ii sum_{j <= m < i} L_im A_mj, computed transposed so that the sum stays in
-// registers: A_ij^T = -(sum_m A_mj^T L_im^T) A_ii^T.
+// stored as G, beta and the gates (f32, params.cuh) and A, P (bf16) for the state passes and the
+// gradient kernel. Full resets (g <= -128, -inf included; core/reset.h): G is scanned as H, the
+// sum of the other g, and R, the resets so far; the decays come from H within a segment and are
+// exactly 0 across a reset, and the G stored for the gradient kernel is H - 128 R (whose decays
+// across a reset are exp(<= -128) = 0 in float32).
+// K and Q are the unit rows diag(rk) k, diag(rq) q (spec 1: r = rsqrt(sum(x^2) + 1e-6), or 1
+// without l2norm) of the rows k, q as they come, which stay bf16 (f16 is rounded to bf16) in qn,
+// kn; every product takes the factors in f32 (K K^T = diag(rk) k k^T diag(rk), and the gates e
+// rk, e rq, f rk, beta e rk), so that no unit row is rounded to bf16 (that rounding cost a
+// quarter of the forward's accuracy, bench/rounding.py). k k^T and q k^T are computed once for
+// the group and share their k^T fragments (mma.sync). A is inverted in 16 x 16 blocks: forward
+// substitution in f32 on the diagonal blocks, then by block diagonals d = 1, 2, 3 on tensor cores
+// (bf16 operands, f32 sums), A_ij = -A_ii sum_{j <= m < i} L_im A_mj, computed transposed so that
+// the sum stays in registers: A_ij^T = -(sum_m A_mj^T L_im^T) A_ii^T.
 #include "core/reset.h"
 #include "cuda/check.h"
 #include "cuda/kernels.h"
@@ -24,14 +27,14 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
 
-// The k and q tiles hold the inputs (In), then in place the bf16 K and Q.
+// The k and q tiles hold the inputs (In), then in place k and q as bf16.
 struct PrepSmem {
-  static constexpr int ks = 0;                       // [64][136]  k, K, then A (bf16 [64][72])
-  static constexpr int qs = ks + kC * kLdH * 2;      // [64][136]  q, Q, then P (bf16 [64][72])
+  static constexpr int ks = 0;                       // [64][136]  k, then A (bf16 [64][72])
+  static constexpr int qs = ks + kC * kLdH * 2;      // [64][136]  q, then P (bf16 [64][72])
   static constexpr int lb = qs + kC * kLdH * 2;      // bf16 [64][72]   L
   static constexpr int l = lb + kC * kLdH64 * 2;     // f32 [64][68]    L
-  static constexpr int gates = l + kC * kLdF64 * 4;  // f32 H[64], R[64], beta[64]
-  static constexpr int bytes = gates + 3 * kC * 4;
+  static constexpr int gates = l + kC * kLdF64 * 4;  // f32 H[64], R[64], beta[64], rq[64], rk[64]
+  static constexpr int bytes = gates + 5 * kC * 4;
 };
 
 // Inclusive cumsums of the 64 values of H (warp 0) and of R (warp 1), two values per lane.
@@ -122,6 +125,8 @@ __global__ void __launch_bounds__(kThreads, 3) chunk_prep_kernel(Params p) {
   float* H = reinterpret_cast<float*>(smem + PrepSmem::gates);  // G without the resets
   float* R = H + kC;                                            // the resets up to each row
   float* beta = R + kC;
+  float* rq = beta + kC;  // the l2norm's row factors (0 on padded rows)
+  float* rk = rq + kC;
 
   // g and beta of row tid, loaded a value head ahead; padded rows: g = 0 (G keeps its last
   // value) and beta = 0.
@@ -135,9 +140,10 @@ __global__ void __launch_bounds__(kThreads, 3) chunk_prep_kernel(Params p) {
   };
   fetch(hk * group);
 
-  // q, k to bf16 in place, times r = rsqrt(sum x^2 + 1e-6) with l2norm (spec 1), and from
-  // registers to qn, kn (rows < len) with r to rq, rk; padded rows stay zero. Half a warp per row
-  // and 8 elements (16 bytes) a lane: 8 rows of q and of k per pass, sums over 16 lanes.
+  // f16 q, k to bf16, in place and to qn_copy, kn_copy (rows < len; bf16 ones are read where
+  // they are); r = rsqrt(sum x^2 + 1e-6) with l2norm (spec 1), else 1, to rq, rk and to shared
+  // memory; padded rows stay zero. Half a warp per row and 8 elements (16 bytes) a lane: 8 rows
+  // of q and of k per pass, sums over 16 lanes.
   const long long row = qk_row(p, b, t0, hk);
   issue_rows<kD>(ks, kLdH, static_cast<const In*>(p.k) + row * kD, p.HK * kD, kC, len);
   issue_rows<kD>(qs, kLdH, static_cast<const In*>(p.q) + row * kD, p.HK * kD, kC, len);
@@ -162,21 +168,26 @@ __global__ void __launch_bounds__(kThreads, 3) chunk_prep_kernel(Params p) {
         for (int offset = 8; offset > 0; offset /= 2)
           sum[w] += __shfl_xor_sync(0xffffffffu, sum[w], offset);
         const float r = p.l2norm ? rsqrtf(sum[w] + 1e-6f) : 1.0f;
-        uint4 out;
-        bf16* o = reinterpret_cast<bf16*>(&out);
+        if constexpr (!std::is_same_v<In, bf16>) {
+          uint4 out;
+          bf16* o = reinterpret_cast<bf16*>(&out);
 #pragma unroll
-        for (int e = 0; e < 8; ++e) o[e] = from_float<bf16>(value[w][e] * r);
-        *reinterpret_cast<uint4*>(x[w]) = out;
-        if (i < len) {
-          *reinterpret_cast<uint4*>((w ? p.kn : p.qn) + (row + i * p.HK) * kD + part * 8) = out;
-          if (part == 0) (w ? p.rk : p.rq)[row + i * p.HK] = r;
+          for (int e = 0; e < 8; ++e) o[e] = from_float<bf16>(value[w][e]);
+          *reinterpret_cast<uint4*>(x[w]) = out;
+          if (i < len)
+            *reinterpret_cast<uint4*>((w ? p.kn_copy : p.qn_copy) + (row + i * p.HK) * kD +
+                                      part * 8) = out;
+        }
+        if (part == 0) {
+          (w ? rk : rq)[i] = i < len ? r : 0.0f;
+          if (i < len) (w ? p.rk : p.rq)[row + i * p.HK] = r;
         }
       }
     }
   }
   __syncthreads();
 
-  // K K^T and Q K^T for rows 16 warp .. 16 warp + 15, kept for every value head.
+  // k k^T and q k^T for rows 16 warp .. 16 warp + 15, kept for every value head.
   Acc kk[8] = {}, qk[8] = {};
 #pragma unroll
   for (int kp = 0; kp < 4; ++kp) {
@@ -225,23 +236,28 @@ __global__ void __launch_bounds__(kThreads, 3) chunk_prep_kernel(Params p) {
       const float e = R[tid] == 0.0f ? __expf(H[tid]) : 0.0f;
       p.G[s * kC + tid] = H[tid] - core::kResetLogDecay * R[tid];
       p.bt[s * kC + tid] = beta[tid];
-      p.gates[s * 3 * kC + tid] = e;
-      p.gates[s * 3 * kC + kC + tid] = decay(kC - 1, tid);
-      p.gates[s * 3 * kC + 2 * kC + tid] = beta[tid] * e;
+      float* gates = p.gates + s * kGates * kC + tid;
+      gates[kGateE * kC] = e;
+      gates[kGateEK * kC] = e * rk[tid];
+      gates[kGateEQ * kC] = e * rq[tid];
+      gates[kGateFK * kC] = decay(kC - 1, tid) * rk[tid];
+      gates[kGateBEK * kC] = beta[tid] * e * rk[tid];
     }
     {  // this lane's rows i (2), column pairs j, j + 1 (8); the decays masked before the exp
       const int c = 2 * (lane % 4);
       int i[2];
-      float Hi[2], Ri[2], bi[2];
+      float Hi[2], Ri[2], bi[2], qi[2];  // bi = beta_i rk_i, qi = scale rq_i
       for (int h = 0; h < 2; ++h) {
         i[h] = 16 * warp + lane / 4 + 8 * h;
-        Hi[h] = H[i[h]], Ri[h] = R[i[h]], bi[h] = beta[i[h]];
+        Hi[h] = H[i[h]], Ri[h] = R[i[h]], bi[h] = beta[i[h]] * rk[i[h]];
+        qi[h] = p.scale * rq[i[h]];
       }
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt) {
         const int j = 8 * nt + c;
         const float2 Hj = *reinterpret_cast<const float2*>(H + j);
         const float2 Rj = *reinterpret_cast<const float2*>(R + j);
+        const float2 kj = *reinterpret_cast<const float2*>(rk + j);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           float l[2], q[2];
@@ -249,9 +265,9 @@ __global__ void __launch_bounds__(kThreads, 3) chunk_prep_kernel(Params p) {
           for (int e = 0; e < 2; ++e) {
             const float hj = e ? Hj.y : Hj.x, rj = e ? Rj.y : Rj.x;
             const bool on = j + e <= i[h] && Ri[h] == rj;
-            const float d = __expf(on ? Hi[h] - hj : -INFINITY);  // exp(-inf) = 0
+            const float d = __expf(on ? Hi[h] - hj : -INFINITY) * (e ? kj.y : kj.x);
             l[e] = j + e < i[h] ? bi[h] * kk[nt][2 * h + e] * d : 0.0f;
-            q[e] = p.scale * qk[nt][2 * h + e] * d;
+            q[e] = qi[h] * qk[nt][2 * h + e] * d;
           }
           *reinterpret_cast<float2*>(L + i[h] * kLdF64 + j) = make_float2(l[0], l[1]);
           *reinterpret_cast<__nv_bfloat162*>(lb + i[h] * kLdH64 + j) =

@@ -243,13 +243,18 @@ std::size_t plan(const DeltaRuleInputs& in, const DeltaRuleShape& s, ChunkCount 
   p.chunk_begin = c.take<int>(s.N + 1);
   p.seq_begin = c.take<int>(s.N);
   p.seq_len = c.take<int>(s.N);
-  p.qn = c.take<bf16>(tokens * s.HK * kD);
-  p.kn = c.take<bf16>(tokens * s.HK * kD);
+  if (in.q.dtype == DType::bf16) {  // the kernels read q, k in place (dense, tensor.h)
+    p.qn = static_cast<const bf16*>(in.q.data);
+    p.kn = static_cast<const bf16*>(in.k.data);
+  } else {
+    p.qn = p.qn_copy = c.take<bf16>(tokens * s.HK * kD);
+    p.kn = p.kn_copy = c.take<bf16>(tokens * s.HK * kD);
+  }
   p.rq = c.take<float>(tokens * s.HK);
   p.rk = c.take<float>(tokens * s.HK);
   p.G = c.take<float>(slots * kC);
   p.bt = c.take<float>(slots * kC);
-  p.gates = c.take<float>(slots * 3 * kC);
+  p.gates = c.take<float>(slots * cuda::kGates * kC);
   p.A = c.take<bf16>(slots * kC * kC);
   p.P = c.take<bf16>(slots * kC * kC);
   const std::int64_t matrices = s.N * p.seg_count * s.HV * kD * kD;

@@ -6,6 +6,9 @@
 //   Kb = diag(beta e) K, Qe = diag(e) Q, Kf = diag(f) K, P = (Q K^T) * decay,
 //   L = strictly_lower(diag(beta) K K^T * decay),
 // and every factor exp(G_a - G_b) gives t to dG_a and -t to dG_b (t = gradient * value);
+// K and Q are the unit rows diag(rk) k, diag(rq) q of the tiles' rows k, q (params.cuh): a
+// product with K or Q takes rk, rq on the other operand's rows or columns, or on its result's,
+// in f32 (dk += dpd^T Q is dk += (diag(rq) dpd)^T q, dq += dpd K is dq += (dpd diag(rk)) k, ...);
 // dg is the reverse cumulative sum of dG. A block loops over the value heads of its key head
 // (one Q, K tile for all): dv, dg, dbeta per value head; dq, dk summed over them in registers,
 // then back through the l2norm (spec 1).
@@ -17,10 +20,10 @@
 // lanes of a row.
 //
 // Every global read is a cp.async into shared memory, issued as early as a free tile allows (one
-// block per SM: 217 KiB): a value head's tiles together (V too), the next value head's Vn, dVn
-// and dS^T during this one, and, during the last, the input rows q, k and rq, rk that the
-// l2norm's backward reads at the end. (Plain loads of V and of q, k at their point of use
-// stalled the whole block on memory latency: 8% of the kernel at T = 64k.)
+// block per SM: 217 KiB): rq, rk with Q and K at the start, a value head's tiles together (V
+// too), the next value head's Vn, dVn and dS^T during this one, and, during the last, the input
+// rows q, k that the l2norm's backward reads at the end. (Plain loads of V and of q, k at their
+// point of use stalled the whole block on memory latency: 8% of the kernel at T = 64k.)
 //
 // Deterministic: no float atomics, every sum is added in an order fixed by the code, so dq dk dv
 // dg dbeta are bitwise the same run to run. dG_i and db_i have partial sums from several warps:
@@ -52,16 +55,16 @@ struct GradSmem {
   static constexpr int h = st + kD * kD * 2;        // bf16 [128][128] swizzled S^T
   static constexpr int vn = h + kD * kD * 2;        // bf16 [2][64][128] swizzled Vn, then F
   static constexpr int dvn = vn + 2 * kC * kD * 2;  // bf16 [2][64][128] swizzled dVn, then -dR
-  static constexpr int a = dvn + 2 * kC * kD * 2;   // bf16 [64][72]  A, then dP * decay
+  static constexpr int a = dvn + 2 * kC * kD * 2;   // bf16 [64][72]  A, then diag(rq) dP * decay
   static constexpr int d_o = a + kC * kLdH64 * 2;   // bf16 [64][136] dO
   static constexpr int dls = d_o + kC * kLdH * 2;   // bf16 [64][72]  F + F^T
-  static constexpr int v = dls + kC * kLdH64 * 2;   // In [64][136]   V
+  static constexpr int v = dls + kC * kLdH64 * 2;   // In [64][136]   V, then dP * decay diag(rk)
   static constexpr int vec = v + kC * kLdH * 2;     // f32 [3][64] G, beta, g is a reset (1, 0)
   static constexpr int rows = vec + 3 * kC * 4;     // f32 [2][2][64] dG, db row sums (half, row)
   static constexpr int cols = rows + 4 * kC * 4;    // f32 [4][64] dG column sums (block, column)
   static constexpr int extra = cols + 4 * kC * 4;   // f32 [8] gamma's gradient (warp)
   static constexpr int dots = extra + kWarps * 4;   // f32 [2][2][64] (q or k, half, row)
-  static constexpr int r = dots + 4 * kC * 4;       // f32 [2][64] rq, rk
+  static constexpr int r = dots + 4 * kC * 4;       // f32 [2][64] rq, rk (0 on padded rows)
   // + 1024: the dynamic shared memory is aligned up to 1024 bytes (align_1024).
   static constexpr int bytes = r + 2 * kC * 4 + 1024;
 };
@@ -118,12 +121,16 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
   bf16* vn_tiles = reinterpret_cast<bf16*>(smem + GradSmem::vn);  // value head j in tile j % 2
   bf16* dvn_tiles = reinterpret_cast<bf16*>(smem + GradSmem::dvn);
   bf16* ab = reinterpret_cast<bf16*>(smem + GradSmem::a);
-  bf16* dpd = ab;
+  bf16* dpd = ab;  // diag(rq) dP * decay
+  // dP * decay diag(rk), in V's tile (V is done with once db has its terms)
+  bf16* dpk = reinterpret_cast<bf16*>(smem + GradSmem::v);
   bf16* dos = reinterpret_cast<bf16*>(smem + GradSmem::d_o);
   bf16* dls = reinterpret_cast<bf16*>(smem + GradSmem::dls);
   In* vs = reinterpret_cast<In*>(smem + GradSmem::v);
   In* xs = reinterpret_cast<In*>(st);  // [2][64][128] q, k rows (the end)
   float* rs = reinterpret_cast<float*>(smem + GradSmem::r);
+  const float* rq = rs;
+  const float* rk = rs + kC;
   float* G = reinterpret_cast<float*>(smem + GradSmem::vec);
   float* beta = G + kC;
   float* reset = beta + kC;
@@ -138,6 +145,12 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
   const long long row = qk_row(p, info.b, info.t0, hk);
   issue_rows_swizzled<kD>(qs, kC, p.qn + row * kD, p.HK * kD, kC, len);
   issue_rows_swizzled<kD>(ks, kC, p.kn + row * kD, p.HK * kD, kC, len);
+  if (tid < 2 * kC) {
+    if (tid % kC < len)
+      cp_async4(rs + tid, (tid < kC ? p.rq : p.rk) + row + (tid % kC) * p.HK);
+    else
+      rs[tid] = 0.0f;
+  }
   cp_async_commit();
   // The column half of this warpgroup in the 64-row tiles Q, K, dVn (B = X, MN-major) and in the
   // 128-row tiles dS^T, S^T; and the 32 rows of Vn, K as B = X^T (K-major) of the 64-wide
@@ -242,8 +255,8 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
         dk[nt][0] += f_lo * dkf[nt][0], dk[nt][1] += f_lo * dkf[nt][1];
         dk[nt][2] += f_hi * dkf[nt][2], dk[nt][3] += f_hi * dkf[nt][3];
       }
-      lo = row_sum(lo) * f_lo;
-      hi = row_sum(hi) * f_hi;
+      lo = row_sum(lo) * f_lo * rk[i_lo];
+      hi = row_sum(hi) * f_hi * rk[i_hi];
       if (lane % 4 == 0) {
         dG[i_lo] -= lo;
         dG[i_hi] -= hi;
@@ -261,8 +274,6 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
       for (int which = 0; which < 2; ++which)
         issue_rows<kD>(xs + which * kC * kD, kD,
                        static_cast<const In*>(which ? p.k : p.q) + row * kD, p.HK * kD, kC, len);
-      if (tid < 2 * kC && tid % kC < len)
-        cp_async4(rs + tid, (tid < kC ? p.rq : p.rk) + row + (tid % kC) * p.HK);
       cp_async_commit();
     }
 
@@ -331,7 +342,7 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
         for (int e = 0; e < 4; ++e) {
           const int i = row_of(e), j = 32 * half + col(nt, e);
           const float d = decay(i, j), dp = p.scale * x1[nt][e];
-          const float t = dp * x2[nt][e] * d;
+          const float t = dp * x2[nt][e] * d * rq[i] * rk[j];
           x1[nt][e] = dp * d;
           (e < 2 ? lo : hi) += t;
           colsum[nt][e % 2] += t;
@@ -355,7 +366,7 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
         for (int e = 0; e < 4; ++e) {
           const int i = row_of(e), j = 32 * half + col(nt, e);
           const float d = j < i ? decay(i, j) : 0.0f;
-          const float l = dl[nt][e] * d, m2 = l * kk[nt][e];
+          const float l = dl[nt][e] * d, m2 = l * kk[nt][e] * rk[i] * rk[j];
           dl[nt][e] = beta[i] * l;  // F
           (e < 2 ? lo_t : hi_t) += beta[i] * m2;
           (e < 2 ? lo_m : hi_m) += m2;
@@ -383,23 +394,26 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
         F[f_at(i, j)] = dl[nt][e];
         F[f_at(i, j + 1)] = dl[nt][e + 1];
         *reinterpret_cast<std::uint32_t*>(dpd + i * kLdH64 + j) =
-            pack_bf16(x1[nt][e], x1[nt][e + 1]);
+            pack_bf16(rq[i] * x1[nt][e], rq[i] * x1[nt][e + 1]);
+        *reinterpret_cast<std::uint32_t*>(dpk + i * kLdH64 + j) =
+            pack_bf16(x1[nt][e] * rk[j], x1[nt][e + 1] * rk[j + 1]);
       }
     __syncthreads();
     for (int idx = tid; idx < kC * kC; idx += kThreads) {
       const int i = idx / kC, j = idx % kC;
-      dls[i * kLdH64 + j] = from_float<bf16>(F[f_at(i, j)] + F[f_at(j, i)]);
+      dls[i * kLdH64 + j] = from_float<bf16>((F[f_at(i, j)] + F[f_at(j, i)]) * rk[j]);
     }
     __syncthreads();
 
-    // dk += dpd^T Q + dls K;  dq += dpd K.
+    // dk += dpd^T Q + dls K;  dq += dpd K, with Q = diag(rq) q and K = diag(rk) k: dpd's rows
+    // carry rq (dpd), its columns rk (dpk), and dls's columns rk.
     {
       std::uint32_t a[4][4];
       load_a_km(a, dpd, kLdH64, r0);
       wgmma_kn_wait(dk, a, half64(qs), kC, true);
       load_a_mk(a, dls, kLdH64, r0);
       wgmma_kn_wait(dk, a, half64(ks), kC, true);
-      load_a_mk(a, dpd, kLdH64, r0);
+      load_a_mk(a, dpk, kLdH64, r0);
       wgmma_kn_wait(dq, a, half64(ks), kC, true);
     }
 
@@ -432,8 +446,9 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
         out[0] += f_lo * x[nt][0], out[1] += f_lo * x[nt][1];
         out[2] += f_hi * x[nt][2], out[3] += f_hi * x[nt][3];
       }
-      lo = row_sum(lo) * e_lo;
-      hi = row_sum(hi) * e_hi;
+      const float* r = which ? rq : rk;  // the unit row's factor, for the dot with x_src
+      lo = row_sum(lo) * e_lo * r[i_lo];
+      hi = row_sum(hi) * e_hi * r[i_hi];
       if (lane % 4 == 0) {
         if (which) {
           dG[i_lo] += lo, dG[i_hi] += hi;
@@ -471,8 +486,8 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
   }
 
   // dq, dk back through the l2norm (spec 1): dx <- r (dx - x_hat (x_hat . dx)), x_hat = x r,
-  // with x the input rows q, k and r = rq, rk (staged in shared memory during the last value
-  // head). A row's dot sums its 4 lanes, then the two halves in shared memory.
+  // with x the input rows q, k (staged in shared memory during the last value head) and r = rq,
+  // rk. A row's dot sums its 4 lanes, then the two halves in shared memory.
   auto x_pair = [&](int which, int i, int nt) {
     return unpack2<In>(*reinterpret_cast<const std::uint32_t*>(xs + (which * kC + i) * kD +
                                                                64 * half + 8 * nt + c));

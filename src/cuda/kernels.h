@@ -23,8 +23,8 @@ namespace gdn::cuda {
 
 // The chunk table; the workspace header: written (header_out), or checked (saved_header).
 void launch_chunk_table(const Params& p, cudaStream_t stream);
-// Per (chunk, key head): q, k in bf16 (l2-normalized when asked) with their rsqrt factors; then,
-// looping over its value heads, G, beta, the gates, A and P per value head.
+// Per (chunk, key head): q, k in bf16 (as they come) with their l2norm factors; then, looping
+// over its value heads, G, beta, the gates, A and P per value head.
 template <typename In>
 void launch_chunk_prep(const Params& p, cudaStream_t stream);
 enum class Pass {

@@ -13,6 +13,9 @@
 
 namespace gdn::cuda {
 
+// The per-row gate arrays of a chunk slot (Params::gates), in this order.
+enum Gate { kGateE, kGateEK, kGateEQ, kGateFK, kGateBEK, kGates };
+
 struct ChunkInfo {
   int n;      // sequence
   int b;      // batch row
@@ -44,17 +47,23 @@ struct Params {
   int* chunk_begin;   // [N + 1]
   int* seq_begin;     // [N]  first token of each sequence (batch row from chunks)
   int* seq_len;       // [N]
-  bf16* qn;           // [B, T, HK, K]  q (l2-normalized when asked), bf16
-  bf16* kn;           // [B, T, HK, K]
-  float* rq;          // [B, T, HK]     rsqrt(sum q^2 + 1e-6) (1 without l2norm)
-  float* rk;          // [B, T, HK]
-  float* G;           // [NC, HV, 64]   chunk-local cumsum of g (padded rows: the last value)
-  float* bt;          // [NC, HV, 64]   beta as f32 (padded rows: 0)
-  float* gates;       // [NC, HV, 3, 64] exp(G), exp(G_last - G), beta exp(G)
-  bf16* A;            // [NC, HV, 64, 64] (I + L)^-1
-  bf16* P;            // [NC, HV, 64, 64] scale (Q K^T) * exp(G_i - G_j), i >= j
-  bf16* h;            // [NC, HV, V, K]   state entering each chunk, transposed (save, backward)
-  bf16* vn;           // [NC, HV, 64, V]  Vn = A diag(beta) (V - diag(e) K S)   (save, backward)
+  // The kernels multiply q and k as they come (bf16; f16 rounded to bf16), never rounded after
+  // the l2norm: its row factors rq, rk are applied in f32 (folded into the gates, or to a
+  // product's rows), so that the unit rows are exact.
+  const bf16* qn;  // [B, T, HK, K]  q as bf16: q itself when bf16, else qn_copy
+  const bf16* kn;  // [B, T, HK, K]
+  bf16* qn_copy;   // [B, T, HK, K]  f16 q, k rounded to bf16 (chunk_prep; null for bf16 inputs)
+  bf16* kn_copy;   // [B, T, HK, K]
+  float* rq;       // [B, T, HK]     rsqrt(sum q^2 + 1e-6) (1 without l2norm)
+  float* rk;       // [B, T, HK]
+  float* G;        // [NC, HV, 64]   chunk-local cumsum of g (padded rows: the last value)
+  float* bt;       // [NC, HV, 64]   beta as f32 (padded rows: 0)
+  float* gates;    // [NC, HV, kGates, 64] e = exp(G), e rk, e rq, f rk = exp(G_last - G) rk,
+                   // beta e rk (rk, rq of the chunk's rows; 0 on padded rows)
+  bf16* A;         // [NC, HV, 64, 64] (I + L)^-1
+  bf16* P;         // [NC, HV, 64, 64] scale (Q K^T) * exp(G_i - G_j), i >= j (unit q, k)
+  bf16* h;         // [NC, HV, V, K]   state entering each chunk, transposed (save, backward)
+  bf16* vn;        // [NC, HV, 64, V]  Vn = A diag(beta) (V - diag(e) K S)   (save, backward)
 
   // Segment summaries (seg_count > 1), each [N * seg_count, HV, K, K or V] f32, segment k of
   // sequence n at n * seg_count + k.

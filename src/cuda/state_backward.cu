@@ -3,7 +3,8 @@
 // e) K, P from chunk_prep with scale folded in):
 //   dh[c] = dS,  dVn = P^T dO + diag(f) K dS,
 //   dS_in = gamma dS + Q^T diag(scale e) dO - W^T dVn,
-// computed transposed: dVn^T = dO^T P + dS^T K^T diag(f), W^T-term = ((dVn^T A) diag(beta e)) K.
+// computed transposed: dVn^T = dO^T P + dS^T K^T diag(f), W^T-term = ((dVn^T A) diag(beta e)) K,
+// with K, Q the unit rows of the tiles' K, Q (params.cuh): the gates carry rk, rq.
 // As a summary (kSummary) it runs the segments of state_pass::has_grad_offset and stores only
 // the gradient entering them: from dS_T for the last segment (that is the gradient leaving
 // segment last - 1, unless the last is also the first), from zero for the others (D_k, with
@@ -69,8 +70,8 @@ __global__ void __launch_bounds__(kThreads, 1) state_backward_kernel(Params p) {
       float2 d[4];
       load_slice_t<In>(d, t.v, kt);
       const int c0 = 16 * kt + c, c8 = c0 + 8;
-      const float e0 = p.scale * t.e[c0], e1 = p.scale * t.e[c0 + 1], e8 = p.scale * t.e[c8],
-                  e9 = p.scale * t.e[c8 + 1];
+      const float e0 = p.scale * t.eq[c0], e1 = p.scale * t.eq[c0 + 1], e8 = p.scale * t.eq[c8],
+                  e9 = p.scale * t.eq[c8 + 1];
       oa[kt][0] = pack_bf16(d[0].x, d[0].y);
       oa[kt][1] = pack_bf16(d[1].x, d[1].y);
       oa[kt][2] = pack_bf16(d[2].x, d[2].y);
@@ -85,7 +86,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_backward_kernel(Params p) {
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) dvn[nt][e] *= t.f[8 * nt + c + e % 2];
+      for (int e = 0; e < 4; ++e) dvn[nt][e] *= t.fk[8 * nt + c + e % 2];
     wgmma_fence();
     wgmma_kn(dvn, oa, t.pm, kC, true);
     wgmma_commit();
@@ -114,7 +115,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_backward_kernel(Params p) {
     fence_acc(y);
     std::uint32_t ya[4][4];
 #pragma unroll
-    for (int kt = 0; kt < 4; ++kt) acc_to_a(ya[kt], y, kt, [&](int j) { return -t.be[j]; });
+    for (int kt = 0; kt < 4; ++kt) acc_to_a(ya[kt], y, kt, [&](int j) { return -t.bek[j]; });
     wgmma_fence();
     wgmma_kn(dS, ya, t.k, kC, true);
     wgmma_commit();

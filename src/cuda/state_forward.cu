@@ -3,6 +3,8 @@
 //   O  = diag(scale e) Q S + P Vn,          (P from chunk_prep, scale folded in)
 //   S' = gamma S + K^T diag(f) Vn,
 // each computed transposed (S^T is what a warp holds): (K S)^T = S^T K^T, Vn^T = X^T A^T, ...
+// K and Q are the unit rows diag(rk) K, diag(rq) Q of rows K, Q as they come (params.cuh): the
+// factors ride on the gates, diag(e) K S = diag(e rk) (K S), K^T diag(f) = K^T diag(f rk), ...
 // Pass::output writes o, Pass::recompute (for the backward) h = S^T and Vn, Pass::save all three.
 // Pass::summary runs
 // the segments of state_pass::has_offset / has_transfer and stores only their end state: in
@@ -92,7 +94,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
       float2 v[4];
       load_slice_t<In>(v, t.v, kt);
       const int c0 = 16 * kt + c, c8 = c0 + 8;
-      const float e0 = t.e[c0], e1 = t.e[c0 + 1], e8 = t.e[c8], e9 = t.e[c8 + 1];
+      const float e0 = t.ek[c0], e1 = t.ek[c0 + 1], e8 = t.ek[c8], e9 = t.ek[c8 + 1];
       const float b0 = t.beta[c0], b1 = t.beta[c0 + 1], b8 = t.beta[c8], b9 = t.beta[c8 + 1];
       const float* lo = ks[2 * kt];
       const float* hi = ks[2 * kt + 1];
@@ -120,7 +122,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) qs[nt][e] *= p.scale * t.e[8 * nt + c + e % 2];
+        for (int e = 0; e < 4; ++e) qs[nt][e] *= p.scale * t.eq[8 * nt + c + e % 2];
       std::uint32_t va[4][4], vl[4][4];  // Vn in two parts, as X (off the state's chain)
 #pragma unroll
       for (int kt = 0; kt < 4; ++kt)
@@ -135,7 +137,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
     // S^T = gamma S^T + (Vn^T diag(f)) K, K as an MN-major tile; overlaps the stores of O or Vn.
     std::uint32_t fa[4][4];
 #pragma unroll
-    for (int kt = 0; kt < 4; ++kt) acc_to_a(fa[kt], vn, kt, [&](int j) { return t.f[j]; });
+    for (int kt = 0; kt < 4; ++kt) acc_to_a(fa[kt], vn, kt, [&](int j) { return t.fk[j]; });
     const float gamma = t.e[kC - 1];
 #pragma unroll
     for (int nt = 0; nt < 16; ++nt)

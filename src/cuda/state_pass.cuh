@@ -26,19 +26,20 @@ constexpr int kStages = 3;
 // One stage's tiles, in bytes from the stage's start. K, Q, A and P are swizzled tiles
 // (wgmma.cuh), the B operands of the warpgroup products; V (or dO) is read by ldmatrix.
 struct Stage {
-  static constexpr int k = 0;                      // bf16 [64][128] swizzled
-  static constexpr int q = k + kC * kD * 2;        // bf16 [64][128] swizzled
-  static constexpr int a = q + kC * kD * 2;        // bf16 [64][64] swizzled
-  static constexpr int pm = a + kC * kC * 2;       // bf16 [64][64] swizzled
-  static constexpr int v = pm + kC * kC * 2;       // 16-bit [64][136]  V or dO
-  static constexpr int gates = v + kC * kLdH * 2;  // f32 [3][64]  e, f, beta e (params.cuh)
-  static constexpr int beta = gates + 3 * kC * 4;  // f32 [64]
+  static constexpr int k = 0;                           // bf16 [64][128] swizzled
+  static constexpr int q = k + kC * kD * 2;             // bf16 [64][128] swizzled
+  static constexpr int a = q + kC * kD * 2;             // bf16 [64][64] swizzled
+  static constexpr int pm = a + kC * kC * 2;            // bf16 [64][64] swizzled
+  static constexpr int v = pm + kC * kC * 2;            // 16-bit [64][136]  V or dO
+  static constexpr int gates = v + kC * kLdH * 2;       // f32 [kGates][64] (params.cuh)
+  static constexpr int beta = gates + kGates * kC * 4;  // f32 [64]
   static constexpr int bytes = (beta + kC * 4 + 1023) / 1024 * 1024;
   static constexpr int staging = kStages * bytes;                    // 16-bit [kWarps][64][kLdO]
   static constexpr int barriers = staging + kWarps * kC * kLdO * 2;  // u64 full, empty [kStages]
   // + 1024: the dynamic shared memory is aligned up to 1024 bytes (align_1024).
   static constexpr int smem_bytes = barriers + 2 * kStages * 8 + 1024;
 };
+static_assert(Stage::smem_bytes <= 227 * 1024, "one block fits in a Hopper SM's shared memory");
 
 // Segment k = z % seg_count of sequence n = z / seg_count (blockIdx.z = z): its chunk slots first
 // .. first + chunks - 1 (chunks <= 0: past the sequence's end), and whether it is the sequence's
@@ -78,10 +79,12 @@ __device__ inline float* segment_matrix(float* base, const Params& p, int z, int
   return base + (static_cast<long long>(z) * p.HV + hv) * kD * kD;
 }
 
+// K and Q are the rows as they come (params.cuh): their l2norm factors rk, rq are in the gates.
 struct Tiles {
   const bf16 *k, *q, *a, *pm;
   const void* v;
-  const float *e, *f, *be, *beta;  // exp(G), exp(G_last - G), beta exp(G), beta
+  // e = exp(G), e rk, e rq, f rk = exp(G_last - G) rk, beta e rk, beta
+  const float *e, *ek, *eq, *fk, *bek, *beta;
 };
 
 __device__ inline Tiles tiles(const unsigned char* smem, int buf) {
@@ -91,9 +94,11 @@ __device__ inline Tiles tiles(const unsigned char* smem, int buf) {
           reinterpret_cast<const bf16*>(s + Stage::a),
           reinterpret_cast<const bf16*>(s + Stage::pm),
           s + Stage::v,
-          reinterpret_cast<const float*>(s + Stage::gates),
-          reinterpret_cast<const float*>(s + Stage::gates) + kC,
-          reinterpret_cast<const float*>(s + Stage::gates) + 2 * kC,
+          reinterpret_cast<const float*>(s + Stage::gates) + kGateE * kC,
+          reinterpret_cast<const float*>(s + Stage::gates) + kGateEK * kC,
+          reinterpret_cast<const float*>(s + Stage::gates) + kGateEQ * kC,
+          reinterpret_cast<const float*>(s + Stage::gates) + kGateFK * kC,
+          reinterpret_cast<const float*>(s + Stage::gates) + kGateBEK * kC,
           reinterpret_cast<const float*>(s + Stage::beta)};
 }
 
@@ -133,10 +138,12 @@ __device__ inline void prefetch(const Params& p, unsigned char* smem, int buf, i
                  src + (valid ? v + 16LL * j * p.HV * kD : 0), valid);
     }
   }
-  if (tid < 48)
-    cp_async16(base + Stage::gates + tid * 16, p.gates + s * 3 * kC + tid * 4, true);
-  else if (tid < 64)
-    cp_async16(base + Stage::beta + (tid - 48) * 16, p.bt + s * kC + (tid - 48) * 4, true);
+  constexpr int kGatePieces = kGates * kC / 4;  // 16 bytes each
+  if (tid < kGatePieces)
+    cp_async16(base + Stage::gates + tid * 16, p.gates + s * kGates * kC + tid * 4, true);
+  else if (tid < kGatePieces + kC / 4)
+    cp_async16(base + Stage::beta + (tid - kGatePieces) * 16,
+               p.bt + s * kC + (tid - kGatePieces) * 4, true);
 }
 
 // The buffers' mbarriers: full(s) completes when every thread's copies into buffer s have landed

@@ -33,7 +33,7 @@ enum HeaderField : int {
   kHeaderFields
 };
 // Changes with the workspace's layout, so that an older layout is not read as this one.
-constexpr int kHeaderMagic = 0x32574447;  // "GDW2"
+constexpr int kHeaderMagic = 0x33574447;  // "GDW3"
 
 struct WorkspaceHeader {
   int field[kHeaderFields];
