@@ -145,8 +145,8 @@ __global__ void __launch_bounds__(kThreads, 3) chunk_prep_kernel(Params p) {
   // memory; padded rows stay zero. Half a warp per row and 8 elements (16 bytes) a lane: 8 rows
   // of q and of k per pass, sums over 16 lanes.
   const long long row = qk_row(p, b, t0, hk);
-  issue_rows<kD>(ks, kLdH, static_cast<const In*>(p.k) + row * kD, p.HK * kD, kC, len);
-  issue_rows<kD>(qs, kLdH, static_cast<const In*>(p.q) + row * kD, p.HK * kD, kC, len);
+  issue_rows<kD, kC, kThreads>(ks, kLdH, static_cast<const In*>(p.k) + row * kD, p.HK * kD, len);
+  issue_rows<kD, kC, kThreads>(qs, kLdH, static_cast<const In*>(p.q) + row * kD, p.HK * kD, len);
   cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();

@@ -70,18 +70,21 @@ __device__ inline void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
 
-// Issues, without waiting, the copies of `rows` rows of kCols 16-bit values (row r from
+// Issues, without waiting, the copies of kRows rows of kCols 16-bit values (row r from
 // src + r * stride elements) into dst (row stride ld elements); rows >= valid are zero-filled.
-template <int kCols>
-__device__ inline void issue_rows(void* dst, int ld, const void* src, long long stride, int rows,
-                                  int valid) {
-  using U16 = unsigned short;
-  for (int idx = threadIdx.x; idx < rows * (kCols / 8); idx += blockDim.x) {
-    const int r = idx / (kCols / 8), part = idx % (kCols / 8);
-    const bool ok = r < valid;
-    cp_async16(static_cast<U16*>(dst) + r * ld + part * 8,
-               static_cast<const U16*>(src) + (ok ? r * stride + part * 8 : 0), ok);
-  }
+// kThreads threads: each keeps one 16-byte piece of every kThreads / (kCols / 8)-th row, so its
+// addresses are computed once and each further copy adds constants (the copies' address
+// arithmetic was a fifth of grad_chunk's instructions when every copy computed its own).
+template <int kCols, int kRows, int kThreads>
+__device__ inline void issue_rows(void* dst, int ld, const void* src, long long stride, int valid) {
+  constexpr int kPieces = kCols / 8, kStep = kThreads / kPieces;  // kStep rows a pass
+  static_assert(kThreads % kPieces == 0 && kRows % kStep == 0, "whole passes");
+  const int r = threadIdx.x / kPieces, piece = threadIdx.x % kPieces;
+  unsigned short* to = static_cast<unsigned short*>(dst) + r * ld + piece * 8;
+  const unsigned short* from = static_cast<const unsigned short*>(src) + r * stride + piece * 8;
+#pragma unroll
+  for (int row = r; row < kRows; row += kStep, to += kStep * ld, from += kStep * stride)
+    cp_async16(to, row < valid ? from : src, row < valid);
 }
 
 // Sum over the 32 lanes of a warp.

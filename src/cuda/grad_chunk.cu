@@ -143,8 +143,8 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
   float* db = db_rows + half * kC;
 
   const long long row = qk_row(p, info.b, info.t0, hk);
-  issue_rows_swizzled<kD>(qs, kC, p.qn + row * kD, p.HK * kD, kC, len);
-  issue_rows_swizzled<kD>(ks, kC, p.kn + row * kD, p.HK * kD, kC, len);
+  issue_rows_swizzled<kD, kC, kThreads>(qs, p.qn + row * kD, p.HK * kD, len);
+  issue_rows_swizzled<kD, kC, kThreads>(ks, p.kn + row * kD, p.HK * kD, len);
   if (tid < 2 * kC) {
     if (tid % kC < len)
       cp_async4(rs + tid, (tid < kC ? p.rq : p.rk) + row + (tid % kC) * p.HK);
@@ -168,8 +168,10 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
   // Vn and dVn of the group's value head j into their tiles j % 2.
   auto issue_vn = [&](int j) {
     const long long sj = slot(p, cid, hk * group + j);
-    issue_rows_swizzled<kD>(vn_tiles + (j % 2) * kC * kD, kC, p.vn + sj * kC * kD, kD, kC, kC);
-    issue_rows_swizzled<kD>(dvn_tiles + (j % 2) * kC * kD, kC, p.dvn + sj * kC * kD, kD, kC, kC);
+    issue_rows_swizzled<kD, kC, kThreads>(vn_tiles + (j % 2) * kC * kD, p.vn + sj * kC * kD, kD,
+                                          kC);
+    issue_rows_swizzled<kD, kC, kThreads>(dvn_tiles + (j % 2) * kC * kD, p.dvn + sj * kC * kD, kD,
+                                          kC);
   };
 
   Acc dq[8] = {}, dk[8] = {};  // the group's sums
@@ -183,13 +185,13 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
     float* F = reinterpret_cast<float*>(vn);
     auto f_at = [](int i, int j) { return i * kC + (j ^ (i % 32)); };
     if (gi == 0) {  // later value heads' dS^T, Vn and dVn are prefetched by the one before
-      issue_rows_swizzled<kD>(st, kD, p.dh + s * kD * kD, kD, kD, kD);
+      issue_rows_swizzled<kD, kD, kThreads>(st, p.dh + s * kD * kD, kD, kD);
       issue_vn(0);
     }
-    issue_rows_swizzled<kD>(hs, kD, p.h + s * kD * kD, kD, kD, kD);
-    issue_rows<kC>(ab, kLdH64, p.A + s * kC * kC, kC, kC, kC);
-    issue_rows<kD>(dos, kLdH, d_o, p.HV * kD, kC, len);
-    issue_rows<kD>(vs, kLdH, static_cast<const In*>(p.v) + vrow * kD, p.HV * kD, kC, len);
+    issue_rows_swizzled<kD, kD, kThreads>(hs, p.h + s * kD * kD, kD, kD);
+    issue_rows<kC, kC, kThreads>(ab, kLdH64, p.A + s * kC * kC, kC, kC);
+    issue_rows<kD, kC, kThreads>(dos, kLdH, d_o, p.HV * kD, len);
+    issue_rows<kD, kC, kThreads>(vs, kLdH, static_cast<const In*>(p.v) + vrow * kD, p.HV * kD, len);
     cp_async_commit();
     const bool prefetch = gi + 1 < group;
     if (prefetch) {
@@ -268,12 +270,13 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
     }
     __syncthreads();  // dS^T is done: the next value head's takes its place
     if (gi + 1 < group) {
-      issue_rows_swizzled<kD>(st, kD, p.dh + slot(p, cid, hv + 1) * kD * kD, kD, kD, kD);
+      issue_rows_swizzled<kD, kD, kThreads>(st, p.dh + slot(p, cid, hv + 1) * kD * kD, kD, kD);
       cp_async_commit();
     } else if (p.l2norm) {  // the inputs of the l2norm's backward, to land by the end
       for (int which = 0; which < 2; ++which)
-        issue_rows<kD>(xs + which * kC * kD, kD,
-                       static_cast<const In*>(which ? p.k : p.q) + row * kD, p.HK * kD, kC, len);
+        issue_rows<kD, kC, kThreads>(xs + which * kC * kD, kD,
+                                     static_cast<const In*>(which ? p.k : p.q) + row * kD,
+                                     p.HK * kD, len);
       cp_async_commit();
     }
 
@@ -399,9 +402,20 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
             pack_bf16(x1[nt][e] * rk[j], x1[nt][e + 1] * rk[j + 1]);
       }
     __syncthreads();
-    for (int idx = tid; idx < kC * kC; idx += kThreads) {
-      const int i = idx / kC, j = idx % kC;
-      dls[i * kLdH64 + j] = from_float<bf16>((F[f_at(i, j)] + F[f_at(j, i)]) * rk[j]);
+    // dls = (F + F^T) diag(rk): a thread takes row i = idx % 64 and the 8 columns 8 (idx / 64) ..,
+    // so a warp's 32 rows read F and F^T on 32 banks (f_at) and store 16 bytes a row.
+#pragma unroll
+    for (int idx = tid; idx < kC * kC / 8; idx += kThreads) {
+      const int i = idx % kC, j0 = 8 * (idx / kC);
+      std::uint32_t packed[4];
+#pragma unroll
+      for (int e = 0; e < 8; e += 2) {
+        const int j = j0 + e;
+        packed[e / 2] = pack_bf16((F[f_at(i, j)] + F[f_at(j, i)]) * rk[j],
+                                  (F[f_at(i, j + 1)] + F[f_at(j + 1, i)]) * rk[j + 1]);
+      }
+      *reinterpret_cast<uint4*>(dls + i * kLdH64 + j0) =
+          make_uint4(packed[0], packed[1], packed[2], packed[3]);
     }
     __syncthreads();
 

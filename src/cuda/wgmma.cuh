@@ -38,18 +38,22 @@ __device__ inline unsigned char* align_1024(unsigned char* smem) {
   return smem + ((1024 - smem_address(smem) % 1024) % 1024);
 }
 
-// Issues, without waiting, the copies of `count` rows of kCols 16-bit values (row r from
-// src + r * stride elements) into a swizzled tile of `rows` rows; rows >= valid are zero-filled.
-template <int kCols>
-__device__ inline void issue_rows_swizzled(void* tile, int rows, const void* src, long long stride,
-                                           int count, int valid) {
-  using U16 = unsigned short;
-  for (int idx = threadIdx.x; idx < count * (kCols / 8); idx += blockDim.x) {
-    const int r = idx / (kCols / 8), piece = idx % (kCols / 8);
-    const bool ok = r < valid;
-    cp_async16(static_cast<unsigned char*>(tile) + swizzled_offset(rows, r, piece),
-               static_cast<const U16*>(src) + (ok ? r * stride + piece * 8 : 0), ok);
-  }
+// Issues, without waiting, the copies of kRows rows of kCols 16-bit values (row r from
+// src + r * stride elements) into a swizzled tile of kRows rows; rows >= valid are zero-filled.
+// As issue_rows (common.cuh): a thread's rows are kStep apart, a multiple of 8, so they share
+// one swizzle phase and each further copy adds constants.
+template <int kCols, int kRows, int kThreads>
+__device__ inline void issue_rows_swizzled(void* tile, const void* src, long long stride,
+                                           int valid) {
+  constexpr int kPieces = kCols / 8, kStep = kThreads / kPieces;
+  static_assert(kThreads % kPieces == 0 && kRows % kStep == 0 && kStep % 8 == 0,
+                "whole passes of rows that share a swizzle phase");
+  const int r = threadIdx.x / kPieces, piece = threadIdx.x % kPieces;
+  unsigned char* to = static_cast<unsigned char*>(tile) + swizzled_offset(kRows, r, piece);
+  const unsigned short* from = static_cast<const unsigned short*>(src) + r * stride + piece * 8;
+#pragma unroll
+  for (int row = r; row < kRows; row += kStep, to += kStep * 128, from += kStep * stride)
+    cp_async16(to, row < valid ? from : src, row < valid);
 }
 
 // The A fragments of rows m0 .. m0 + 15 and KT k-tiles of X stored X[m][k] in a swizzled tile
