@@ -2,7 +2,7 @@
 # On the GPU machine, from the repository root, after bench/gpu_stage.sh: the CUDA tests, the
 # sanitizers, a per-kernel profile at B=1 T=65536, then bench_cuda and bench/peers.py's speed
 # part (gdn, FLA, FlashQLA and transformers in the same run). Logs go to $OUT (or ./gpu-logs).
-# Stages: test, cp, cp-bench, cp-sanitize, profile, stalls, bench, accuracy, peers-profile
+# Stages: test, cp, cp-bench, cp-sanitize, profile, stalls, lines, bench, accuracy, peers-profile
 # (default: test sanitize profile bench).
 set -uo pipefail
 out="${OUT:-$PWD/gpu-logs}"
@@ -62,6 +62,12 @@ for stage in $stages; do
         --ranks 1 >"$out/stalls.log" 2>&1
       grep -E "^  [a-zA-Z_ <>:,0-9]+\(|Issued Ipc|No Eligible|Stall [A-Z]" "$out/stalls.log" |
         grep -vE " 0(\.0+)?$" | sed -E 's/^ *(void )?//; s/\(Params.*//' ;;
+    lines)  # where each kernel issues and stalls, per source line (bench/ncu_lines.py), T=16384
+      ncu --clock-control none --section SourceCounters --section WarpStateStats --import-source yes \
+        -k regex:'chunk_prep|state_|grad_chunk' -c 7 -f -o "$out/lines" .device/gdn run --device cuda \
+        -T 16384 --ranks 1 >"$out/lines-run.log" 2>&1
+      python3 bench/ncu_lines.py "$out/lines.ncu-rep" "" 20 | tee "$out/lines.txt" | grep -E "^==|^--"
+      rm -f "$out/lines.ncu-rep" ;;
     bench)  # gdn and its peers by CUDA-graph replay (bench/gpu_peers.sh installs the wheels)
       .device/bench_cuda | tee "$out/bench.log"
       bash bench/gpu_peers.sh --part speed ;;
@@ -73,7 +79,7 @@ for stage in $stages; do
 gpu__time_duration.sum" bash bench/gpu_peers.sh --peer flashqla --part profile >"$out/peers-ncu.log" 2>&1
       grep -E "^  [a-zA-Z_].*\(|gpu__time_duration" "$out/peers-ncu.log" |
         sed -E 's/^ *(void )?//; s/\(.*//; s/gpu__time_duration.sum//' | paste - - ;;
-    *) echo "gpu_check: unknown stage $stage (test, cp, cp-bench, cp-sanitize, sanitize, profile, stalls, bench, accuracy, peers-profile)"
+    *) echo "gpu_check: unknown stage $stage (test, cp, cp-bench, cp-sanitize, sanitize, profile, stalls, lines, bench, accuracy, peers-profile)"
        exit 2 ;;
   esac
 done
