@@ -1,5 +1,6 @@
-// The warpgroup products of src/cuda/wgmma.cuh (A from registers, B a swizzled shared tile, in
-// both majors) against a float64 host product on random bf16 inputs (skips without a GPU).
+// The warpgroup products of src/cuda/wgmma.cuh (A from registers or, SS, from a swizzled shared
+// tile; B a swizzled shared tile, in both majors) against a float64 host product on random bf16
+// inputs (skips without a GPU).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -21,14 +22,19 @@ bool have_gpu() {
 // out = 2 a B (issued twice: once overwriting, once accumulating) for a: [64][16 KT] and B a
 // window of 8 N columns (its last) of a stored tile x with kTileN columns: x is [kTileN][16 KT]
 // (B = x^T, kTrans false) or [16 KT][kTileN] (B = x, kTrans true), row-major. The window starts
-// kTileN - 8 N rows (K-major) or 64-column blocks (MN-major) into the swizzled tile.
-template <int N, int KT, bool kTrans, int kTileN>
+// kTileN - 8 N rows (K-major) or 64-column blocks (MN-major) into the swizzled tile. kSmemA: A
+// from a swizzled tile (SS) instead of registers.
+template <int N, int KT, bool kTrans, int kTileN, bool kSmemA>
 __global__ void product_kernel(const bf16* a, const bf16* x, float* out) {
   constexpr int kK = 16 * KT, kLdA = kK + 8, kRows = kTrans ? kK : kTileN,
                 kCols = kTrans ? kTileN : kK, kN0 = kTileN - 8 * N;
   __shared__ __align__(1024) unsigned char xs[kRows * kCols * 2];
+  __shared__ __align__(1024) unsigned char as_swizzled[64 * kK * 2];
   __shared__ __align__(16) bf16 as[64 * kLdA];
   for (int i = threadIdx.x; i < 64 * kK; i += blockDim.x) as[(i / kK) * kLdA + i % kK] = a[i];
+  for (int i = threadIdx.x; i < 64 * kK / 8; i += blockDim.x)
+    *reinterpret_cast<uint4*>(as_swizzled + swizzled_offset(64, i / (kK / 8), i % (kK / 8))) =
+        reinterpret_cast<const uint4*>(a)[i];
   for (int i = threadIdx.x; i < kRows * kCols / 8; i += blockDim.x) {
     const int r = i / (kCols / 8), piece = i % (kCols / 8);
     *reinterpret_cast<uint4*>(xs + swizzled_offset(kRows, r, piece)) =
@@ -38,12 +44,17 @@ __global__ void product_kernel(const bf16* a, const bf16* x, float* out) {
   __syncthreads();
   std::uint32_t frag[KT][4];
   load_a_mk<KT>(frag, as, kLdA, 16 * (threadIdx.x / 32));
+  const SmemA<KT> a_tile{reinterpret_cast<const bf16*>(as_swizzled)};
   const bf16* window = reinterpret_cast<const bf16*>(xs) + (kTrans ? kN0 * kRows : kN0 * 64);
   Acc d[N];
   wgmma_fence();
   for (int twice = 0; twice < 2; ++twice) {
-    if constexpr (kTrans)
+    if constexpr (kTrans && kSmemA)
+      wgmma_kn(d, a_tile, window, kRows, twice == 1);
+    else if constexpr (kTrans)
       wgmma_kn(d, frag, window, kRows, twice == 1);
+    else if constexpr (kSmemA)
+      wgmma_nk(d, a_tile, window, twice == 1, kRows);
     else
       wgmma_nk(d, frag, window, twice == 1, kRows);
   }
@@ -55,7 +66,7 @@ __global__ void product_kernel(const bf16* a, const bf16* x, float* out) {
     for (int e = 0; e < 4; ++e) out[(row + 8 * (e / 2)) * 8 * N + 8 * nt + c + e % 2] = d[nt][e];
 }
 
-template <int N, int KT, bool kTrans, int kTileN = 8 * N>
+template <int N, int KT, bool kTrans, int kTileN = 8 * N, bool kSmemA = false>
 void check_product() {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   constexpr int kK = 16 * KT, kN = 8 * N, kN0 = kTileN - kN;
@@ -75,7 +86,7 @@ void check_product() {
   GDN_CUDA_CHECK(cudaMalloc(&d_out, 64 * kN * 4));
   GDN_CUDA_CHECK(cudaMemcpy(d_a, a.data(), a.size() * 2, cudaMemcpyHostToDevice));
   GDN_CUDA_CHECK(cudaMemcpy(d_x, x.data(), x.size() * 2, cudaMemcpyHostToDevice));
-  product_kernel<N, KT, kTrans, kTileN><<<1, 128>>>(d_a, d_x, d_out);
+  product_kernel<N, KT, kTrans, kTileN, kSmemA><<<1, 128>>>(d_a, d_x, d_out);
   GDN_CUDA_CHECK(cudaGetLastError());
   std::vector<float> out(64 * kN);
   GDN_CUDA_CHECK(cudaMemcpy(out.data(), d_out, out.size() * 4, cudaMemcpyDeviceToHost));
@@ -115,6 +126,17 @@ TEST(CudaWgmma, MNMajorSecondColumnBlock) {
 }
 TEST(CudaWgmma, MNMajorSecondColumnBlockOf64Rows) {
   check_product<8, 4, true, 128>();
+}
+// A from shared memory (SS), in the shapes grad_chunk.cu uses: Q K^T over a 32-row window, and
+// Vn dS^T (64 of 128 columns of an MN-major B).
+TEST(CudaWgmma, SmemAKMajor32RowWindow) {
+  check_product<4, 8, false, 64, true>();
+}
+TEST(CudaWgmma, SmemAKMajor64x128) {
+  check_product<8, 8, false, 64, true>();
+}
+TEST(CudaWgmma, SmemAMNMajorSecondColumnBlock) {
+  check_product<8, 8, true, 128, true>();
 }
 
 }  // namespace

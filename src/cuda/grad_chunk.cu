@@ -15,15 +15,17 @@
 //
 // Warp w owns rows 16 (w % 4) .. + 15 of every product and half of its columns (w / 4), so
 // warpgroup w / 4 computes one column half of each product as wgmma (wgmma.cuh): A from
-// registers (ldmatrix fragments), B from a swizzled tile read once per warpgroup (mma.sync read
-// B once per warp, and its ldmatrix traffic bounded the kernel); row sums reduce over the 4
-// lanes of a row.
+// registers (ldmatrix fragments) or, where A is itself a swizzled tile (Vn, -dR, Q, K), from
+// shared memory (SS: no A registers, so independent products are issued together and waited for
+// once), B from a swizzled tile read once per warpgroup (mma.sync read B once per warp, and its
+// ldmatrix traffic bounded the kernel); row sums reduce over the 4 lanes of a row.
 //
 // Every global read is a cp.async into shared memory, issued as early as a free tile allows (one
 // block per SM: 217 KiB): rq, rk with Q and K at the start, a value head's tiles together (V
-// too), the next value head's Vn, dVn and dS^T during this one, and, during the last, the input
-// rows q, k that the l2norm's backward reads at the end. (Plain loads of V and of q, k at their
-// point of use stalled the whole block on memory latency: 8% of the kernel at T = 64k.)
+// too), the next value head's Vn, dVn and dS^T during this one, and, during the last, the f16
+// input rows q, k that the l2norm's backward reads at the end (bf16 ones are the Q, K tiles
+// themselves). (Plain loads of V and of q, k at their point of use stalled the whole block on
+// memory latency: 8% of the kernel at T = 64k.)
 //
 // Deterministic: no float atomics, every sum is added in an order fixed by the code, so dq dk dv
 // dg dbeta are bitwise the same run to run. dG_i and db_i have partial sums from several warps:
@@ -53,11 +55,11 @@ struct GradSmem {
   static constexpr int k = q + kC * kD * 2;         // bf16 [64][128] swizzled  K
   static constexpr int st = k + kC * kD * 2;        // bf16 [128][128] swizzled dS^T, then x
   static constexpr int h = st + kD * kD * 2;        // bf16 [128][128] swizzled S^T
-  static constexpr int vn = h + kD * kD * 2;        // bf16 [2][64][128] swizzled Vn, then F
+  static constexpr int vn = h + kD * kD * 2;        // bf16 [2][64][128] swizzled Vn
   static constexpr int dvn = vn + 2 * kC * kD * 2;  // bf16 [2][64][128] swizzled dVn, then -dR
   static constexpr int a = dvn + 2 * kC * kD * 2;   // bf16 [64][72]  A, then diag(rq) dP * decay
   static constexpr int d_o = a + kC * kLdH64 * 2;   // bf16 [64][136] dO
-  static constexpr int dls = d_o + kC * kLdH * 2;   // bf16 [64][72]  F + F^T
+  static constexpr int dls = d_o + kC * kLdH * 2;   // bf16 [64][72]  (F + F^T) diag(rk)
   static constexpr int v = dls + kC * kLdH64 * 2;   // In [64][136]   V, then dP * decay diag(rk)
   static constexpr int vec = v + kC * kLdH * 2;     // f32 [3][64] G, beta, g is a reset (1, 0)
   static constexpr int rows = vec + 3 * kC * 4;     // f32 [2][2][64] dG, db row sums (half, row)
@@ -69,7 +71,7 @@ struct GradSmem {
   static constexpr int bytes = r + 2 * kC * 4 + 1024;
 };
 // dS^T's tile takes, in the last value head once done with dS^T, the input rows x = q, k
-// (In [2][64][128]) for the l2norm's backward, and Vn's tile F (f32 [64][64]) once done with Vn.
+// (In [2][64][128]) for the l2norm's backward of f16 inputs (bf16 ones are the Q, K tiles).
 static_assert(GradSmem::bytes <= 227 * 1024, "one block fits in a Hopper SM's shared memory");
 
 // Sums v over the 4 lanes that share a row.
@@ -181,9 +183,6 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
     const In* d_o = static_cast<const In*>(p.d_o) + vrow * kD;
     bf16* vn = vn_tiles + (gi % 2) * kC * kD;
     bf16* dvn = dvn_tiles + (gi % 2) * kC * kD;
-    // F's element (i, j) at i * 64 + (j ^ (i % 32)): rows and columns read without bank conflicts.
-    float* F = reinterpret_cast<float*>(vn);
-    auto f_at = [](int i, int j) { return i * kC + (j ^ (i % 32)); };
     if (gi == 0) {  // later value heads' dS^T, Vn and dVn are prefetched by the one before
       issue_rows_swizzled<kD, kD, kThreads>(st, p.dh + s * kD * kD, kD, kD);
       issue_vn(0);
@@ -224,7 +223,18 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
     const float g_last = G[kC - 1], gamma = __expf(g_last);
     auto e_of = [&](int i) { return __expf(G[i]); };
 
-    // sum(S * dS) for the gradient of gamma, from the S^T and dS^T tiles.
+    // dKf = Vn dS^T and dR = A^T dVn (columns of this half), issued together; sum(S * dS) for
+    // the gradient of gamma, from the S^T and dS^T tiles, runs while they do.
+    Acc dkf[8], dr[8];
+    {
+      std::uint32_t a[4][4];
+      load_a_km(a, ab, kLdH64, r0);
+      wgmma_fence();
+      wgmma_kn(dkf, SmemA<8>{vn}, half128(st), kD, false);
+      wgmma_commit();
+      wgmma_kn(dr, a, half64(dvn), kC, false);
+      wgmma_commit();
+    }
     {
       float part[2] = {};  // 16 bytes of each tile at a time (they share a layout)
       const auto lo = [](std::uint32_t w) { return __uint_as_float(w << 16); };
@@ -240,12 +250,10 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
       if (lane == 0) extra[warp] = gamma * sum;
     }
 
-    // dKf = Vn dS^T (columns of this half); dk += diag(f) dKf; dG_i -= f_i sum_j K_ij dKf_ij.
+    // dk += diag(f) dKf; dG_i -= f_i sum_j K_ij dKf_ij.
     {
-      Acc dkf[8];
-      std::uint32_t a[8][4];
-      load_a_swizzled(a, vn, kC, r0);
-      wgmma_kn_wait(dkf, a, half128(st), kD, false);
+      wgmma_wait<1>();
+      fence_acc(dkf);
       const float f_lo = __expf(g_last - G[i_lo]), f_hi = __expf(g_last - G[i_hi]);
       float lo = 0, hi = 0;
 #pragma unroll
@@ -272,7 +280,7 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
     if (gi + 1 < group) {
       issue_rows_swizzled<kD, kD, kThreads>(st, p.dh + slot(p, cid, hv + 1) * kD * kD, kD, kD);
       cp_async_commit();
-    } else if (p.l2norm) {  // the inputs of the l2norm's backward, to land by the end
+    } else if (!std::is_same_v<In, bf16> && p.l2norm) {  // f16 rows of the l2norm's backward
       for (int which = 0; which < 2; ++which)
         issue_rows<kD, kC, kThreads>(xs + which * kC * kD, kD,
                                      static_cast<const In*>(which ? p.k : p.q) + row * kD,
@@ -280,13 +288,9 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
       cp_async_commit();
     }
 
-    // dR = A^T dVn; dv = diag(beta) dR; db_i += V_i . dR_i; then -dR replaces dVn.
-    Acc dr[8];
-    {
-      std::uint32_t a[4][4];
-      load_a_km(a, ab, kLdH64, r0);
-      wgmma_kn_wait(dr, a, half64(dvn), kC, false);
-    }
+    // dv = diag(beta) dR; db_i += V_i . dR_i; then -dR replaces dVn.
+    wgmma_wait<0>();
+    fence_acc(dr);
     {
       In* dv = static_cast<In*>(p.dv) + vrow * kD;
       float vd[8][4];
@@ -311,31 +315,26 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
       for (int e = 0; e < 4; e += 2)
         *reinterpret_cast<std::uint32_t*>(swizzled_at(dvn, kC, row_of(e), 64 * half + col(nt, e))) =
             pack_bf16(-dr[nt][e], -dr[nt][e + 1]);
-    bf16* ndr = dvn;  // -dR
+    fence_proxy_async();  // -dR is an SS operand (the async proxy) below
+    bf16* ndr = dvn;      // -dR
 
-    // dP = scale dO Vn^T, P = (Q K^T) * decay (columns 32 half ..): dP * decay, and the pair
-    // terms t = dP * P to dG.
-    // out1 = a1 Vn^T, out2 = a2 K^T for the 32 columns of this half; load1, load2 fill the A
-    // fragments a1, a2 (one after the other, into the same registers).
-    auto products = [&](auto load1, auto load2, Acc(&out1)[4], Acc(&out2)[4]) {
-      std::uint32_t a[8][4];
-      load1(a);
-      wgmma_nk_wait(out1, a, rows32(vn), false, kC);
-      load2(a);
-      wgmma_nk_wait(out2, a, rows32(ks), false, kC);
-    };
-    auto padded = [&](const bf16* tile) {
-      return [=](std::uint32_t(&a)[8][4]) { load_a_mk(a, tile, kLdH, r0); };
-    };
-    auto swizzled = [&](const bf16* tile) {
-      return [=](std::uint32_t(&a)[8][4]) { load_a_swizzled(a, tile, kC, r0); };
-    };
     auto decay = [&](int i, int j) { return j <= i ? __expf(G[i] - G[j]) : 0.0f; };
 
     // dP = scale dO Vn^T and P = (Q K^T) * decay: keep dP * decay, and t = dP * P goes to dG_i
     // (row sums) and -dG_j (column sums).
+    // Both products of the 32 columns of this half in flight at once (Q K^T SS: no A registers).
     Acc x1[4], x2[4];
-    products(padded(dos), swizzled(qs), x1, x2);
+    {
+      std::uint32_t a[8][4];
+      load_a_mk(a, dos, kLdH, r0);
+      wgmma_fence();
+      wgmma_nk(x1, a, rows32(vn), false, kC);
+      wgmma_nk(x2, SmemA<8>{qs}, rows32(ks), false, kC);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_acc(x1);
+      fence_acc(x2);
+    }
     float colsum[4][2] = {};
     {
       float lo = 0, hi = 0;
@@ -361,7 +360,13 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
     Acc dl[4];
     {
       Acc kk[4];
-      products(swizzled(ndr), swizzled(ks), dl, kk);
+      wgmma_fence();
+      wgmma_nk(dl, SmemA<8>{ndr}, rows32(vn), false, kC);
+      wgmma_nk(kk, SmemA<8>{ks}, rows32(ks), false, kC);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_acc(dl);
+      fence_acc(kk);
       float lo_t = 0, hi_t = 0, lo_m = 0, hi_m = 0;
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt)
@@ -374,6 +379,19 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
           (e < 2 ? lo_t : hi_t) += beta[i] * m2;
           (e < 2 ? lo_m : hi_m) += m2;
           colsum[nt][e % 2] += beta[i] * m2;
+        }
+        // dls = (F + F^T) diag(rk), F strictly lower: F_ij rk_j below the diagonal and F_ij rk_i
+        // at (j, i) above it, each written once by the owner of (i, j), j <= i (0 on the diagonal);
+        // the previous value head's reads of dls ended at its last barrier.
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = row_of(e), j = 32 * half + col(nt, e);
+          if (j <= i) {
+            dls[i * kLdH64 + j] = from_float<bf16>(dl[nt][e] * rk[j]);
+            dls[j * kLdH64 + i] = from_float<bf16>(dl[nt][e] * rk[i]);
+          }
         }
       lo_t = row_sum(lo_t), hi_t = row_sum(hi_t), lo_m = row_sum(lo_m), hi_m = row_sum(hi_m);
       if (lane % 4 == 0) {
@@ -388,47 +406,34 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
           if (g == 0) dG_cols[(warp % 4) * kC + 32 * half + 8 * nt + c + e] = sum;
         }
     }
-    __syncthreads();  // every warp is done with A: dP * decay takes its place
+    // A and V are done with (the barriers after dR): dP * decay takes their tiles.
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; e += 2) {
         const int i = row_of(e), j = 32 * half + col(nt, e);
-        F[f_at(i, j)] = dl[nt][e];
-        F[f_at(i, j + 1)] = dl[nt][e + 1];
         *reinterpret_cast<std::uint32_t*>(dpd + i * kLdH64 + j) =
             pack_bf16(rq[i] * x1[nt][e], rq[i] * x1[nt][e + 1]);
         *reinterpret_cast<std::uint32_t*>(dpk + i * kLdH64 + j) =
             pack_bf16(x1[nt][e] * rk[j], x1[nt][e + 1] * rk[j + 1]);
       }
     __syncthreads();
-    // dls = (F + F^T) diag(rk): a thread takes row i = idx % 64 and the 8 columns 8 (idx / 64) ..,
-    // so a warp's 32 rows read F and F^T on 32 banks (f_at) and store 16 bytes a row.
-#pragma unroll
-    for (int idx = tid; idx < kC * kC / 8; idx += kThreads) {
-      const int i = idx % kC, j0 = 8 * (idx / kC);
-      std::uint32_t packed[4];
-#pragma unroll
-      for (int e = 0; e < 8; e += 2) {
-        const int j = j0 + e;
-        packed[e / 2] = pack_bf16((F[f_at(i, j)] + F[f_at(j, i)]) * rk[j],
-                                  (F[f_at(i, j + 1)] + F[f_at(j + 1, i)]) * rk[j + 1]);
-      }
-      *reinterpret_cast<uint4*>(dls + i * kLdH64 + j0) =
-          make_uint4(packed[0], packed[1], packed[2], packed[3]);
-    }
-    __syncthreads();
 
     // dk += dpd^T Q + dls K;  dq += dpd K, with Q = diag(rq) q and K = diag(rk) k: dpd's rows
     // carry rq (dpd), its columns rk (dpk), and dls's columns rk.
     {
-      std::uint32_t a[4][4];
-      load_a_km(a, dpd, kLdH64, r0);
-      wgmma_kn_wait(dk, a, half64(qs), kC, true);
-      load_a_mk(a, dls, kLdH64, r0);
-      wgmma_kn_wait(dk, a, half64(ks), kC, true);
-      load_a_mk(a, dpk, kLdH64, r0);
-      wgmma_kn_wait(dq, a, half64(ks), kC, true);
+      std::uint32_t a1[4][4], a2[4][4], a3[4][4];  // all three in flight at once
+      load_a_km(a1, dpd, kLdH64, r0);
+      load_a_mk(a2, dls, kLdH64, r0);
+      load_a_mk(a3, dpk, kLdH64, r0);
+      wgmma_fence();
+      wgmma_kn(dk, a1, half64(qs), kC, true);
+      wgmma_kn(dk, a2, half64(ks), kC, true);
+      wgmma_kn(dq, a3, half64(ks), kC, true);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_acc(dk);
+      fence_acc(dq);
     }
 
     // [dKb; dQe] = [-dR; scale dO] S^T: dk += diag(beta e) dKb, dq += diag(e) dQe, and their
@@ -438,12 +443,13 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
     for (int which = 0; which < 2; ++which) {
       const bf16* x_src = which ? qs : ks;
       Acc x[8];
-      std::uint32_t a[8][4];
-      if (which)
+      if (which) {
+        std::uint32_t a[8][4];
         load_a_mk(a, dos, kLdH, r0);
-      else
-        load_a_swizzled(a, ndr, kC, r0);
-      wgmma_kn_wait(x, a, half128(hs), kD, false);
+        wgmma_kn_wait(x, a, half128(hs), kD, false);
+      } else {
+        wgmma_kn_wait(x, SmemA<8>{ndr}, half128(hs), kD, false);
+      }
       const float scale = which ? p.scale : 1.0f;
       float lo = 0, hi = 0;
 #pragma unroll
@@ -500,28 +506,37 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
   }
 
   // dq, dk back through the l2norm (spec 1): dx <- r (dx - x_hat (x_hat . dx)), x_hat = x r,
-  // with x the input rows q, k (staged in shared memory during the last value head) and r = rq,
-  // rk. A row's dot sums its 4 lanes, then the two halves in shared memory.
+  // with x the input rows q, k (bf16: the Q, K tiles; f16: staged in shared memory during the
+  // last value head) and r = rq, rk. This lane's pairs of x are loaded once, all before the sums
+  // that use them; a row's dot sums its 4 lanes, then the two halves in shared memory.
   auto x_pair = [&](int which, int i, int nt) {
-    return unpack2<In>(*reinterpret_cast<const std::uint32_t*>(xs + (which * kC + i) * kD +
-                                                               64 * half + 8 * nt + c));
+    const int j = 64 * half + 8 * nt + c;
+    if constexpr (std::is_same_v<In, bf16>)
+      return qk_pair(which ? ks : qs, i, j);
+    else
+      return unpack2<In>(*reinterpret_cast<const std::uint32_t*>(xs + (which * kC + i) * kD + j));
   };
+  float2 x[2][2][8];  // (q or k, row i_lo or i_hi, n-tile); padded rows are zero
   if (p.l2norm) {
     cp_async_wait<0>();
     __syncthreads();
+#pragma unroll
+    for (int which = 0; which < 2; ++which)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) x[which][h][nt] = x_pair(which, i_lo + 8 * h, nt);
 #pragma unroll
     for (int which = 0; which < 2; ++which) {
       const Acc* d = which ? dk : dq;
       float dot[2] = {};
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {  // rows i_lo, i_hi
-        const int i = i_lo + 8 * h;
-        if (i >= len) continue;
-        const float r = rs[which * kC + i];
+      for (int h = 0; h < 2; ++h) {  // rows i_lo, i_hi (r = 0 on padded rows)
+        const float r = rs[which * kC + i_lo + 8 * h];
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt) {
-          const float2 x = x_pair(which, i, nt);
-          dot[h] += x.x * r * d[nt][2 * h] + x.y * r * d[nt][2 * h + 1];
+          const float2 xp = x[which][h][nt];
+          dot[h] += xp.x * r * d[nt][2 * h] + xp.y * r * d[nt][2 * h + 1];
         }
       }
       dot[0] = row_sum(dot[0]);
@@ -548,9 +563,9 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
       for (int nt = 0; nt < 8; ++nt) {
         float d0 = d[nt][2 * h], d1 = d[nt][2 * h + 1];
         if (p.l2norm) {
-          const float2 x = x_pair(which, i, nt);
-          d0 = r * (d0 - x.x * r * dot);
-          d1 = r * (d1 - x.y * r * dot);
+          const float2 xp = x[which][h][nt];
+          d0 = r * (d0 - xp.x * r * dot);
+          d1 = r * (d1 - xp.y * r * dot);
         }
         *reinterpret_cast<std::uint32_t*>(out + at + 64 * half + 8 * nt + c) = pack2<In>(d0, d1);
       }

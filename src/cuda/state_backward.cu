@@ -57,8 +57,9 @@ __global__ void __launch_bounds__(kThreads, 1) state_backward_kernel(Params p) {
     state_to_a(da, dS);
     if constexpr (!kSummary) store_state_t(p.dh + s * kD * kD, vw, da, staging);
 
-    // dVn^T = (dS^T K^T) diag(f) + dO^T P; dO^T is loaded while dS^T K^T runs.
-    Acc dvn[8];
+    // dVn^T = (dS^T K^T) diag(f) + dO^T P; dO^T is loaded while dS^T K^T runs, and dO^T P (off
+    // the chain: it does not depend on dS) is issued behind it into its own accumulator.
+    Acc dvn[8], u[8];
     wgmma_fence();
     wgmma_nk(dvn, da, t.k, false);
     wgmma_commit();
@@ -81,17 +82,16 @@ __global__ void __launch_bounds__(kThreads, 1) state_backward_kernel(Params p) {
       sa[kt][2] = pack_bf16_split(e8 * d[2].x, e9 * d[2].y, sl[kt][2]);
       sa[kt][3] = pack_bf16_split(e8 * d[3].x, e9 * d[3].y, sl[kt][3]);
     }
-    wgmma_wait<0>();
-    fence_acc(dvn);
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) dvn[nt][e] *= t.fk[8 * nt + c + e % 2];
     wgmma_fence();
-    wgmma_kn(dvn, oa, t.pm, kC, true);
+    wgmma_kn(u, oa, t.pm, kC, false);
     wgmma_commit();
     wgmma_wait<0>();
     fence_acc(dvn);
+    fence_acc(u);
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dvn[nt][e] = dvn[nt][e] * t.fk[8 * nt + c + e % 2] + u[nt][e];
 
     // Y = dVn^T A, then dS^T = gamma dS^T + (dO^T diag(scale e)) Q - (Y diag(beta e)) K (the
     // Q term, two wgmma for the two parts, runs while dVn is stored and Y scaled).

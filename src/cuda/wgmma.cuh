@@ -1,5 +1,6 @@
 #pragma once
-// Warpgroup tensor-core products (wgmma, sm_90a) with A from registers and B from shared memory.
+// Warpgroup tensor-core products (wgmma, sm_90a) with A from registers and B from shared memory,
+// or both from shared memory ("SS": A the 64 rows of a swizzled tile, K-major).
 //
 // A warpgroup is 4 consecutive warps; warp w % 4 holds rows 16 (w % 4) .. + 15 of the 64-row A
 // and accumulator, in exactly mma.cuh's fragment layouts: an accumulator of 8 N columns is one
@@ -172,46 +173,118 @@ __device__ inline void wgmma_tile(Acc (&d)[N], const std::uint32_t (&a)[4], std:
     wgmma_n128<kTrans>(d, a, desc, accumulate);
 }
 
+// As wgmma_n32 and wgmma_n64 with A read from shared memory through its descriptor.
+template <bool kTrans>
+__device__ inline void wgmma_ss_n32(Acc (&d)[4], std::uint64_t a_desc, std::uint64_t desc,
+                                    bool accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "%16, %17, p, 1, 1, 0, %19;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+      : "l"(a_desc), "l"(desc), "r"(static_cast<int>(accumulate)), "n"(static_cast<int>(kTrans)));
+}
+template <bool kTrans>
+__device__ inline void wgmma_ss_n64(Acc (&d)[8], std::uint64_t a_desc, std::uint64_t desc,
+                                    bool accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1, 0, %35;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+        "+f"(d[7][2]), "+f"(d[7][3])
+      : "l"(a_desc), "l"(desc), "r"(static_cast<int>(accumulate)), "n"(static_cast<int>(kTrans)));
+}
+template <int N, bool kTrans>
+__device__ inline void wgmma_tile(Acc (&d)[N], std::uint64_t a_desc, std::uint64_t desc,
+                                  bool accumulate) {
+  static_assert(N == 4 || N == 8, "32 or 64 columns");
+  if constexpr (N == 4)
+    wgmma_ss_n32<kTrans>(d, a_desc, desc, accumulate);
+  else
+    wgmma_ss_n64<kTrans>(d, a_desc, desc, accumulate);
+}
+
+// The descriptor of k-tile kt (16 columns) of a K-major swizzled tile of `rows` rows: 64-column
+// block kt / 4, 32 (kt % 4) bytes into each of its 128-byte rows.
+__device__ inline std::uint64_t k_major_desc(const void* tile, int rows, int kt) {
+  return wgmma_desc(static_cast<const unsigned char*>(tile) + (kt / 4) * rows * 128 + (kt % 4) * 32,
+                    16, 1024);
+}
+
+// A, the first operand of the products below: registers (A fragments of this warp's 16 rows,
+// std::uint32_t[KT][4]) or, for SS, the warpgroup's 64 rows of a swizzled tile (SmemA<KT>: KT
+// k-tiles of it used). SS needs no A registers, so several products can be in flight at once.
+template <int KT>
+struct SmemA {
+  const bf16* tile;
+};
+template <typename A>
+struct KTiles;
+template <int KT>
+struct KTiles<std::uint32_t[KT][4]> {
+  static constexpr int value = KT;
+};
+template <int KT>
+struct KTiles<SmemA<KT>> {
+  static constexpr int value = KT;
+};
+// One k-tile kt of A times the B of descriptor desc.
+template <int N, bool kTrans, int KT>
+__device__ inline void wgmma_ktile(Acc (&d)[N], const std::uint32_t (&a)[KT][4], int kt,
+                                   std::uint64_t desc, bool accumulate) {
+  wgmma_tile<N, kTrans>(d, a[kt], desc, accumulate);
+}
+template <int N, bool kTrans, int KT>
+__device__ inline void wgmma_ktile(Acc (&d)[N], const SmemA<KT>& a, int kt, std::uint64_t desc,
+                                   bool accumulate) {
+  wgmma_tile<N, kTrans>(d, k_major_desc(a.tile, 64, kt), desc, accumulate);
+}
+
 // d (+)= a X^T, X 8 N rows (B's n) and 16 KT columns (B's k) of a swizzled tile of `rows` rows
 // (x: the first of those rows, a multiple of 8 into the tile). Issues only; the caller commits
 // and waits.
-template <int N, int KT>
-__device__ inline void wgmma_nk(Acc (&d)[N], const std::uint32_t (&a)[KT][4], const bf16* x,
-                                bool accumulate, int rows = 8 * N) {
-  const auto* base = reinterpret_cast<const unsigned char*>(x);
-  // k-tile kt: 64-column block kt / 4, 32 (kt % 4) bytes into each of its 128-byte rows.
+template <int N, typename A>
+__device__ inline void wgmma_nk(Acc (&d)[N], const A& a, const bf16* x, bool accumulate,
+                                int rows = 8 * N) {
 #pragma unroll
-  for (int kt = 0; kt < KT; ++kt)
-    wgmma_tile<N, false>(d, a[kt],
-                         wgmma_desc(base + (kt / 4) * rows * 128 + (kt % 4) * 32, 16, 1024),
-                         accumulate || kt > 0);
+  for (int kt = 0; kt < KTiles<A>::value; ++kt)
+    wgmma_ktile<N, false>(d, a, kt, k_major_desc(x, rows, kt), accumulate || kt > 0);
 }
 // d (+)= a X, X a swizzled tile of `rows` rows (B's k, 16 KT of them used) and 8 N columns
 // (B's n; x may start at a later 64-column block, x + 64 rows b).
-template <int N, int KT>
-__device__ inline void wgmma_kn(Acc (&d)[N], const std::uint32_t (&a)[KT][4], const bf16* x,
-                                int rows, bool accumulate) {
+template <int N, typename A>
+__device__ inline void wgmma_kn(Acc (&d)[N], const A& a, const bf16* x, int rows, bool accumulate) {
   const auto* base = reinterpret_cast<const unsigned char*>(x);
   // k-tile kt: rows 16 kt .., 2048 bytes on; 64-column blocks rows * 128 bytes apart.
 #pragma unroll
-  for (int kt = 0; kt < KT; ++kt)
-    wgmma_tile<N, true>(d, a[kt], wgmma_desc(base + kt * 2048, rows * 128, 1024),
-                        accumulate || kt > 0);
+  for (int kt = 0; kt < KTiles<A>::value; ++kt)
+    wgmma_ktile<N, true>(d, a, kt, wgmma_desc(base + kt * 2048, rows * 128, 1024),
+                         accumulate || kt > 0);
 }
 
 // wgmma_kn and wgmma_nk issued and waited for: d holds the product on return.
-template <int N, int KT>
-__device__ inline void wgmma_kn_wait(Acc (&d)[N], const std::uint32_t (&a)[KT][4], const bf16* x,
-                                     int rows, bool accumulate) {
+template <int N, typename A>
+__device__ inline void wgmma_kn_wait(Acc (&d)[N], const A& a, const bf16* x, int rows,
+                                     bool accumulate) {
   wgmma_fence();
   wgmma_kn(d, a, x, rows, accumulate);
   wgmma_commit();
   wgmma_wait<0>();
   fence_acc(d);
 }
-template <int N, int KT>
-__device__ inline void wgmma_nk_wait(Acc (&d)[N], const std::uint32_t (&a)[KT][4], const bf16* x,
-                                     bool accumulate, int rows = 8 * N) {
+template <int N, typename A>
+__device__ inline void wgmma_nk_wait(Acc (&d)[N], const A& a, const bf16* x, bool accumulate,
+                                     int rows = 8 * N) {
   wgmma_fence();
   wgmma_nk(d, a, x, accumulate, rows);
   wgmma_commit();
