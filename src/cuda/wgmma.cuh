@@ -57,16 +57,6 @@ __device__ inline void issue_rows_swizzled(void* tile, const void* src, long lon
     cp_async16(to, row < valid ? from : src, row < valid);
 }
 
-// The A fragments of rows m0 .. m0 + 15 and KT k-tiles of X stored X[m][k] in a swizzled tile
-// of `rows` rows (load_a_mk's analog).
-template <int KT>
-__device__ inline void load_a_swizzled(std::uint32_t (&a)[KT][4], const bf16* x, int rows, int m0) {
-  const int l = threadIdx.x % 32, m = l / 8, r = m0 + (m & 1) * 8 + l % 8;
-#pragma unroll
-  for (int kt = 0; kt < KT; ++kt)
-    ldmatrix_x4(a[kt], swizzled_at(x, rows, r, 16 * kt + (m >> 1) * 8));
-}
-
 // Orders this thread's generic-proxy writes of shared memory (stores, cp.async once waited for)
 // before later wgmma reads of it (the async proxy); a barrier then publishes them.
 __device__ inline void fence_proxy_async() {
@@ -272,21 +262,12 @@ __device__ inline void wgmma_kn(Acc (&d)[N], const A& a, const bf16* x, int rows
                          accumulate || kt > 0);
 }
 
-// wgmma_kn and wgmma_nk issued and waited for: d holds the product on return.
+// wgmma_kn issued and waited for: d holds the product on return.
 template <int N, typename A>
 __device__ inline void wgmma_kn_wait(Acc (&d)[N], const A& a, const bf16* x, int rows,
                                      bool accumulate) {
   wgmma_fence();
   wgmma_kn(d, a, x, rows, accumulate);
-  wgmma_commit();
-  wgmma_wait<0>();
-  fence_acc(d);
-}
-template <int N, typename A>
-__device__ inline void wgmma_nk_wait(Acc (&d)[N], const A& a, const bf16* x, bool accumulate,
-                                     int rows = 8 * N) {
-  wgmma_fence();
-  wgmma_nk(d, a, x, accumulate, rows);
   wgmma_commit();
   wgmma_wait<0>();
   fence_acc(d);
