@@ -1,109 +1,134 @@
 #pragma once
 // The algebra of affine state maps (spec 4) on the GPU, one step at a time:
 //   X <- op(M) X + C,   X, C [K][V] and M [K][K] f32 (K = V = 128), op(M) = M or M^T.
-// A block of 256 threads owns an 8-column slice of X, kept in shared memory between steps; each
-// thread computes 4 columns of one row. fold.cu chains the steps over a sequence's segments and
-// affine.cu applies one step to a batch of maps; both go through chain().
+// A block of 8 warps owns an 8-column slice of X, kept in shared memory between steps; warp w
+// computes rows 16 w .. 16 w + 15 of op(M) X on the tensor cores. fold.cu chains the steps over a
+// sequence's segments and affine.cu applies one step to a batch of maps; both go through chain().
 //
-// A chain is serial only through X: every M is known before it starts. So M comes to shared
-// memory by cp.async (coalesced 16-byte copies), the next step's while this one computes, and
-// the step reads it from there. (Reading M from global memory at its point of use, a row per
-// thread, made each step wait on memory: ~13 us a step; now 1.6 us, 3 us transposed, against
-// the block's 131k FMAs, 0.5 us at 128 FMAs a cycle.) Eight columns a block, not more: the chain
-// of a few value heads then spreads over 16 multiprocessors a head.
+// A chain is serial only through X: every M and C is known before it starts. So both come to
+// shared memory by cp.async, the next step's while this one computes, and a step is one barrier,
+// the products and the stores. The products are f32 to about 20 bits: TF32 mma (m16n8k8) in
+// three terms, a b = ah bh + ah bl + al bh with a = ah + al (split_tf32), leaving out al bl and
+// the bits of al, bl past TF32's (each under 2^-20 of a b). (The same step on the CUDA cores, 4
+// FMAs a thread a shared load, waited on its loads: 3 us a step, against the block's 131k FMAs, 0.5
+// us at 128 a cycle.) Eight columns a block: the chain of a few value heads then spreads over 16
+// multiprocessors a head.
+#include <cstdint>
+
 #include "cuda/common.cuh"
 
 namespace gdn::cuda::affine {
 
 constexpr int kThreads = 256;
-constexpr int kSlice = 8;                      // columns of X per block
-constexpr int kCols = kD * kSlice / kThreads;  // per thread, in one row
-constexpr int kLdM = kD + 4;  // M's row stride: 16-byte rows, 4 rows a quarter warp conflict-free
-static_assert(kCols == 4, "a thread's columns are one float4");
+constexpr int kSlice = 8;  // columns of X per block: one n8 tile
+static_assert(kThreads / 32 * 16 == kD, "a warp a 16-row tile");
+// M's row stride: the A fragments' reads are conflict-free (rows g, cols t: 4 g + t; transposed,
+// rows t, cols g: 8 t + g, mod 32 banks), and rows stay 16-byte aligned for cp.async.
+template <bool kTranspose>
+constexpr int kLdM = kTranspose ? kD + 8 : kD + 4;
 
 struct Smem {
-  float x[kD][kSlice];   // 4 KiB    the slice of X
-  float m[2][kD][kLdM];  // 132 KiB  M of this step and of the next
+  float m[2][kD][kD + 8];  // 136 KiB  M of this step and of the next (row stride kLdM)
+  float c[2][kD][kSlice];  //   8 KiB  the slice of C, this step's and the next
+  float x[2][kD][kSlice];  //   8 KiB  the slice of X before and after a step
 };
 constexpr int kSmemBytes = sizeof(Smem);
 
-// The slice <- columns [j0, j0 + 8) of x (zeros when x is null).
+// x[0] <- columns [j0, j0 + 8) of x (zeros when x is null).
 __device__ inline void load(Smem& s, const float* x, int j0) {
   for (int idx = threadIdx.x; idx < kD * kSlice; idx += kThreads)
-    s.x[idx / kSlice][idx % kSlice] = x ? x[idx / kSlice * kD + j0 + idx % kSlice] : 0.0f;
-  __syncthreads();
+    s.x[0][idx / kSlice][idx % kSlice] = x ? x[idx / kSlice * kD + j0 + idx % kSlice] : 0.0f;
 }
 
-// Issues (one commit group, no wait) the copy of M into buffer b.
-__device__ inline void prefetch(Smem& s, int b, const float* M) {
-  for (int idx = threadIdx.x; idx < kD * kD / 4; idx += kThreads) {
-    const int r = idx / (kD / 4), c = idx % (kD / 4) * 4;
-    cp_async16(&s.m[b][r][c], M + r * kD + c, true);
-  }
+// Issues (one commit group, no wait) the copies of M and of C's slice (when not null) into
+// buffer b.
+template <bool kTranspose>
+__device__ inline void prefetch(Smem& s, int b, const float* M, const float* C, int j0) {
+  // f32 rows as 16-bit columns: M 256 a row, C's slice 16
+  issue_rows<2 * kD, kD, kThreads>(s.m[b], 2 * kLdM<kTranspose>, M, 2 * kD, kD);
+  if (C) issue_rows<2 * kSlice, kD, kThreads>(s.c[b], 2 * kSlice, C + j0, 2 * kD, kD);
   cp_async_commit();
 }
 
-// The slice <- op(M) slice + C (C may be null), also written to out (when not null), with M in
-// buffer b; `next` (may be null) is the next step's M, whose copy into the other buffer starts
-// first. C and out may be the same matrix: each thread reads its elements of C before writing.
+// x = hi + lo: hi its 10 leading mantissa bits (TF32, truncated), lo the rest, exact in f32; the
+// mma reads lo's leading 10 bits too. (One AND and one FADD: cvt.rna.tf32 is a dozen
+// instructions on sm_90, half the step's.)
+__device__ inline void split_tf32(float x, std::uint32_t& hi, std::uint32_t& lo) {
+  hi = __float_as_uint(x) & 0xffffe000u;
+  lo = __float_as_uint(x - __uint_as_float(hi));
+}
+
+// d += a b, m16n8k8 TF32 (fragments as in mma.cuh with 32-bit elements: A (g, t), (g + 8, t),
+// (g, t + 4), (g + 8, t + 4); B (t, g), (t + 4, g)).
+__device__ inline void mma_tf32(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
+                                std::uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// x[b ^ 1] <- op(M) x[b] + C with M, C in buffer b (C when has_c), also written to out (when not
+// null). C and out may be the same matrix: C came to shared memory before the step.
 template <bool kTranspose>
-__device__ inline void step(Smem& s, int b, const float* next, const float* C, float* out, int j0) {
-  if (next) {
-    prefetch(s, b ^ 1, next);  // every thread is done with that buffer: the last step's barrier
-    cp_async_wait<1>();
-  } else {
-    cp_async_wait<0>();
+__device__ inline void step(Smem& s, int b, bool has_c, float* out, int j0) {
+  const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+  const int r0 = 16 * warp + g;
+  const float(*m)[kD + 8] = s.m[b];
+  // op(M)[r][k], with M in rows of kLdM
+  const float* mb = &m[0][0];
+  auto op_m = [&](int r, int k) {
+    return kTranspose ? mb[k * kLdM<kTranspose> + r] : mb[r * kLdM<kTranspose> + k];
+  };
+  float big[4] = {}, small[4] = {};
+#pragma unroll
+  for (int k0 = 0; k0 < kD; k0 += 8) {
+    std::uint32_t ah[4], al[4], bh[2], bl[2];
+    split_tf32(op_m(r0, k0 + t), ah[0], al[0]);
+    split_tf32(op_m(r0 + 8, k0 + t), ah[1], al[1]);
+    split_tf32(op_m(r0, k0 + t + 4), ah[2], al[2]);
+    split_tf32(op_m(r0 + 8, k0 + t + 4), ah[3], al[3]);
+    split_tf32(s.x[b][k0 + t][g], bh[0], bl[0]);
+    split_tf32(s.x[b][k0 + t + 4][g], bh[1], bl[1]);
+    mma_tf32(big, ah, bh[0], bh[1]);
+    mma_tf32(small, ah, bl[0], bl[1]);
+    mma_tf32(small, al, bh[0], bh[1]);
   }
-  __syncthreads();
-  const int i = threadIdx.x / (kSlice / kCols), jt = threadIdx.x % (kSlice / kCols) * kCols;
-  float c[kCols];  // read now, added after the products: the loads wait behind them
 #pragma unroll
-  for (int jj = 0; jj < kCols; ++jj) c[jj] = C ? C[i * kD + j0 + jt + jj] : 0.0f;
-  float acc[kCols] = {};
-  const float(*m)[kLdM] = s.m[b];
-#pragma unroll 4
-  for (int l = 0; l < kD; l += 4) {
-    float ml[4];
-    if constexpr (kTranspose) {
-#pragma unroll
-      for (int q = 0; q < 4; ++q) ml[q] = m[l + q][i];
-    } else {
-      const float4 row = *reinterpret_cast<const float4*>(&m[i][l]);
-      ml[0] = row.x, ml[1] = row.y, ml[2] = row.z, ml[3] = row.w;
+  for (int half = 0; half < 2; ++half) {
+    const int r = r0 + 8 * half;
+    float2 y =
+        make_float2(big[2 * half] + small[2 * half], big[2 * half + 1] + small[2 * half + 1]);
+    if (has_c) {
+      const float2 c = *reinterpret_cast<const float2*>(&s.c[b][r][2 * t]);
+      y.x += c.x, y.y += c.y;
     }
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const float4 x = *reinterpret_cast<const float4*>(&s.x[l + q][jt]);
-      acc[0] += ml[q] * x.x;
-      acc[1] += ml[q] * x.y;
-      acc[2] += ml[q] * x.z;
-      acc[3] += ml[q] * x.w;
-    }
+    *reinterpret_cast<float2*>(&s.x[b ^ 1][r][2 * t]) = y;
+    if (out) *reinterpret_cast<float2*>(&out[r * kD + j0 + 2 * t]) = y;
   }
-  __syncthreads();
-#pragma unroll
-  for (int jj = 0; jj < kCols; ++jj) {
-    const float y = acc[jj] + c[jj];
-    s.x[i][jt + jj] = y;
-    if (out) out[i * kD + j0 + jt + jj] = y;
-  }
-  __syncthreads();
 }
 
 // count steps t = 0 .. count - 1 on the slice loaded before: X <- op(M(t)) X + C(t), each
-// result also written to out(t) (C and out may return null).
+// result also written to out(t) (C and out may return null). Returns the buffer of s.x that then
+// holds X.
 template <bool kTranspose, typename Matrix, typename Offset, typename Out>
-__device__ inline void chain(Smem& s, int count, Matrix M, Offset C, Out out, int j0) {
-  if (count <= 0) return;
-  prefetch(s, 0, M(0));
-  for (int t = 0; t < count; ++t)
-    step<kTranspose>(s, t % 2, t + 1 < count ? M(t + 1) : nullptr, C(t), out(t), j0);
+__device__ inline int chain(Smem& s, int count, Matrix M, Offset C, Out out, int j0) {
+  if (count > 0) prefetch<kTranspose>(s, 0, M(0), C(0), j0);
+  for (int t = 0; t < count; ++t) {
+    cp_async_wait<0>();
+    __syncthreads();  // M(t), C(t) and X are in place; every thread is done with buffers t - 1
+    if (t + 1 < count) prefetch<kTranspose>(s, (t + 1) % 2, M(t + 1), C(t + 1), j0);
+    step<kTranspose>(s, t % 2, C(t) != nullptr, out(t), j0);
+  }
+  __syncthreads();
+  return count % 2;
 }
 
-// out <- the slice.
-__device__ inline void store(const Smem& s, float* out, int j0) {
+// out <- the slice in x[b].
+__device__ inline void store(const Smem& s, int b, float* out, int j0) {
   for (int idx = threadIdx.x; idx < kD * kSlice; idx += kThreads)
-    out[idx / kSlice * kD + j0 + idx % kSlice] = s.x[idx / kSlice][idx % kSlice];
+    out[idx / kSlice * kD + j0 + idx % kSlice] = s.x[b][idx / kSlice][idx % kSlice];
 }
 
 }  // namespace gdn::cuda::affine

@@ -60,23 +60,23 @@ __global__ void __launch_bounds__(affine::kThreads) fold_kernel(Params p) {
   } else if constexpr (kFold == Fold::map_offset) {  // k = 1 .. last
     if (!leaves(p, n)) return;
     affine::load(X, last == 0 ? local(0) : state(1), j0);
-    affine::chain<false>(
+    const int b = affine::chain<false>(
         X, last, [&](int t) { return M(1 + t); }, [&](int t) { return local(1 + t); }, none, j0);
-    affine::store(X, p.map_N + map * kD * kD, j0);
+    affine::store(X, b, p.map_N + map * kD * kD, j0);
   } else if constexpr (kFold == Fold::map_transfer) {  // k = 1 .. last when n enters
     if (!leaves(p, n)) return;
     const bool carried = enters(p, n);
     affine::load(X, carried ? M(0) : nullptr, j0);
-    affine::chain<false>(
+    const int b = affine::chain<false>(
         X, carried ? last : 0, [&](int t) { return M(1 + t); }, none, none, j0);
-    affine::store(X, p.map_M + map * kD * kD, j0);
+    affine::store(X, b, p.map_M + map * kD * kD, j0);
   } else {  // grad_offset: k = last - 1 .. 0
     if (!enters(p, n)) return;
     affine::load(X, last == 0 ? dlocal(0) : dstate(last - 1), j0);
-    affine::chain<true>(
+    const int b = affine::chain<true>(
         X, last, [&](int t) { return M(last - 1 - t); },
         [&](int t) { return dlocal(last - 1 - t); }, none, j0);
-    affine::store(X, p.map_N + map * kD * kD, j0);
+    affine::store(X, b, p.map_N + map * kD * kD, j0);
   }
 }
 
