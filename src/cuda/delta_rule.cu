@@ -120,11 +120,12 @@ ChunkCount count_chunks(const DeltaRuleInputs& in, const DeltaRuleShape& s,
 // head, and the output pass; for training the forward's summary and save passes and the
 // backward's summary, P - 1, and gradient passes), plus the folds, whose serial chains grow by one
 // step per segment. A segment more costs about kFoldChunks chunk steps in each wave of fold
-// blocks: the fold steps (1.6 us forward, 3 us backward, against 3.1 us a chunk step) and each
-// segment's own work, fitted to a sweep of the segment count at HV=2 T=65536 (bench/RESULTS.md).
-// With 32 heads on 132 SMs training picks 4 segments and inference 3; with 2 heads, 32 and 34.
+// blocks: the fold steps (2.2 us forward, 2 us backward at HV=2, against about 3 us a chunk step)
+// and each segment's own work, fitted to sweeps of the segment count at HV=2 T=65536
+// (bench/RESULTS.md: training 32, 48, 64, 96 segments 0.914, 0.893, 0.879, 1.068 ms). With 32
+// heads on 132 SMs training picks 4 segments and inference 3; with 2 heads, 64 and 34.
 constexpr std::int64_t kMinSegment = 4;
-constexpr std::int64_t kFoldChunksTraining = 3, kFoldChunksForward = 2;
+constexpr std::int64_t kFoldChunksTraining = 1, kFoldChunksForward = 2;
 
 void choose_segments(std::int64_t heads, std::int64_t longest, bool carried, bool training,
                      cuda::Params& p) {
