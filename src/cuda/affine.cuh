@@ -9,10 +9,12 @@
 // shared memory by cp.async, the next step's while this one computes, and a step is one barrier,
 // the products and the stores. The products are f32 to about 20 bits: TF32 mma (m16n8k8) in
 // three terms, a b = ah bh + ah bl + al bh with a = ah + al (split_tf32), leaving out al bl and
-// the bits of al, bl past TF32's (each under 2^-20 of a b). (The same step on the CUDA cores, 4
-// FMAs a thread a shared load, waited on its loads: 3 us a step, against the block's 131k FMAs, 0.5
-// us at 128 a cycle.) Eight columns a block: the chain of a few value heads then spreads over 16
-// multiprocessors a head.
+// the bits of al, bl past TF32's (each under 2^-20 of a b). A step takes about 2 us at HV=2
+// (3 us on the CUDA cores, 4 FMAs a thread per shared load of X and a third of the instructions
+// the copy's address arithmetic). What sets the 2 us is open; not the copy's size: a cluster of 8
+// blocks, each copying 8 KB of M a step and sharing X through distributed shared memory, took
+// the same time (and half again as long at HV=32). Eight columns a block: the chain of a few
+// value heads then spreads over 16 multiprocessors a head.
 #include <cstdint>
 
 #include "cuda/common.cuh"
