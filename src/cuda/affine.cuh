@@ -15,9 +15,7 @@
 // blocks, each copying 8 KB of M a step and sharing X through distributed shared memory, took
 // the same time (and half again as long at HV=32). Eight columns a block: the chain of a few
 // value heads then spreads over 16 multiprocessors a head.
-#include <cstdint>
-
-#include "cuda/common.cuh"
+#include "cuda/mma.cuh"
 
 namespace gdn::cuda::affine {
 
@@ -30,9 +28,9 @@ template <bool kTranspose>
 constexpr int kLdM = kTranspose ? kD + 8 : kD + 4;
 
 struct Smem {
-  float m[2][kD][kD + 8];  // 136 KiB  M of this step and of the next (row stride kLdM)
-  float c[2][kD][kSlice];  //   8 KiB  the slice of C, this step's and the next
-  float x[2][kD][kSlice];  //   8 KiB  the slice of X before and after a step
+  float m[2][kD * (kD + 8)];  // 136 KiB  M of this step and of the next (row stride kLdM)
+  float c[2][kD][kSlice];     //   8 KiB  the slice of C, this step's and the next
+  float x[2][kD][kSlice];     //   8 KiB  the slice of X before and after a step
 };
 constexpr int kSmemBytes = sizeof(Smem);
 
@@ -52,38 +50,17 @@ __device__ inline void prefetch(Smem& s, int b, const float* M, const float* C, 
   cp_async_commit();
 }
 
-// x = hi + lo: hi its 10 leading mantissa bits (TF32, truncated), lo the rest, exact in f32; the
-// mma reads lo's leading 10 bits too. (One AND and one FADD: cvt.rna.tf32 is a dozen
-// instructions on sm_90, half the step's.)
-__device__ inline void split_tf32(float x, std::uint32_t& hi, std::uint32_t& lo) {
-  hi = __float_as_uint(x) & 0xffffe000u;
-  lo = __float_as_uint(x - __uint_as_float(hi));
-}
-
-// d += a b, m16n8k8 TF32 (fragments as in mma.cuh with 32-bit elements: A (g, t), (g + 8, t),
-// (g, t + 4), (g + 8, t + 4); B (t, g), (t + 4, g)).
-__device__ inline void mma_tf32(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
-                                std::uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 // x[b ^ 1] <- op(M) x[b] + C with M, C in buffer b (C when has_c), also written to out (when not
 // null). C and out may be the same matrix: C came to shared memory before the step.
 template <bool kTranspose>
 __device__ inline void step(Smem& s, int b, bool has_c, float* out, int j0) {
   const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
   const int r0 = 16 * warp + g;
-  const float(*m)[kD + 8] = s.m[b];
-  // op(M)[r][k], with M in rows of kLdM
-  const float* mb = &m[0][0];
-  auto op_m = [&](int r, int k) {
-    return kTranspose ? mb[k * kLdM<kTranspose> + r] : mb[r * kLdM<kTranspose> + k];
+  const float* m = s.m[b];
+  auto op_m = [&](int r, int k) {  // op(M)[r][k]
+    return kTranspose ? m[k * kLdM<kTranspose> + r] : m[r * kLdM<kTranspose> + k];
   };
-  float big[4] = {}, small[4] = {};
+  Acc big = {}, small = {};
 #pragma unroll
   for (int k0 = 0; k0 < kD; k0 += 8) {
     std::uint32_t ah[4], al[4], bh[2], bl[2];

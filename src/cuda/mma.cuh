@@ -1,6 +1,7 @@
 #pragma once
-// Warp-level tensor-core fragments (mma.sync m16n8k16, bf16 x bf16 -> f32) and the ldmatrix /
-// stmatrix moves between them and padded shared-memory tiles.
+// Warp-level tensor-core fragments (mma.sync m16n8k16, bf16 x bf16 -> f32; m16n8k8 TF32 for f32
+// operands split in two parts) and the ldmatrix / stmatrix moves between them and padded
+// shared-memory tiles.
 //
 // Lane l has group g = l / 4 and thread-in-group t = l % 4. A 16 x 8 f32 accumulator tile holds
 // (row g, cols 2t, 2t+1) in c[0], c[1] and (row g + 8, same cols) in c[2], c[3]. A 16 x 16 bf16 A
@@ -82,6 +83,25 @@ __device__ inline void mma(Acc& d, const std::uint32_t (&a)[4], std::uint32_t b0
                            std::uint32_t b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// x = hi + lo: hi its 10 leading mantissa bits (TF32, truncated), lo the rest, exact in f32; the
+// mma reads lo's leading 10 bits too. (One AND and one FADD: cvt.rna.tf32 is a dozen
+// instructions on sm_90.)
+__device__ inline void split_tf32(float x, std::uint32_t& hi, std::uint32_t& lo) {
+  hi = __float_as_uint(x) & 0xffffe000u;
+  lo = __float_as_uint(x - __uint_as_float(hi));
+}
+
+// d += a b, m16n8k8 TF32 (the fragments above with 32-bit elements: A (g, t), (g + 8, t),
+// (g, t + 4), (g + 8, t + 4); B (t, g), (t + 4, g)).
+__device__ inline void mma_tf32(Acc& d, const std::uint32_t (&a)[4], std::uint32_t b0,
+                                std::uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
       "{%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
