@@ -95,8 +95,8 @@ constexpr Stage kBeforeBackward{0.059, 9.74};
 constexpr Stage kAfterBackward{0.117, 97.37};
 constexpr Stage kSingleForward{0.082, 37.52};
 constexpr Stage kSingleTraining{0.161, 155.75};
-constexpr double kApplySeconds = 0.035e-3;    // y: HV = 32 maps applied
-constexpr double kComposeSeconds = 0.064e-3;  // c: HV = 32 maps composed
+constexpr double kApplySeconds = 0.019e-3;    // y: HV = 32 maps applied
+constexpr double kComposeSeconds = 0.033e-3;  // c: HV = 32 maps composed
 // NCCL on 2 x H200 over NVLink (research/context-parallel.md): a 2 MiB state one way in about
 // 36 us, 345 GB/s point to point, 534 GB/s all-to-all.
 constexpr double kGpuMessageSeconds = 30e-6;
