@@ -3,6 +3,7 @@ against a float64 reference, on the same inputs.
 
     python3 bench/peers.py                 # every peer, each in its own process; a table last
     python3 bench/peers.py --peers gdn,fla --part speed   # some peers, one part
+    python3 bench/peers.py --part speed --shapes 1x65536x1x2   # some speed rows (BxTxHKxHV)
     python3 bench/peers.py --peer fla      # one peer's speed in this process (gdn, fla,
                                            # flashqla, flashqla-nocp, transformers)
     bash bench/gpu_peers.sh --part speed   # on the GPU machine: the carried wheels installed
@@ -204,9 +205,9 @@ def timing_inputs(B, T, HK, HV):
     return q, k, v, g, beta, p["d_o"].cuda().bfloat16()
 
 
-def speed(fn, max_tokens):
+def speed(fn, max_tokens, shapes):
     rows = []
-    for B, T, HK, HV in SPEED_SHAPES:
+    for B, T, HK, HV in shapes:
         if B * T > max_tokens:
             continue
         q, k, v, g, beta, d_o = timing_inputs(B, T, HK, HV)
@@ -245,19 +246,34 @@ def profile(fn, B=1, T=65536, HK=16, HV=32):
     print(f"profile: one forward + backward at B={B} T={T} HK={HK} HV={HV}", flush=True)
 
 
-def run_peer(peer, part, work):
+def run_peer(peer, part, work, shapes):
     fn = load(peer)
     if part == "profile":
         profile(fn)
     elif part == "speed":
         print(f"== {peer} ({torch.cuda.get_device_name()}, torch {torch.__version__})", flush=True)
         # transformers' torch loop is timed where it takes seconds, not minutes
-        for shape, fwd, fb, how in speed(fn, 16384 if peer == "transformers" else 1 << 30):
+        for shape, fwd, fb, how in speed(fn, 16384 if peer == "transformers" else 1 << 30,
+                                         shapes):
             print(f"speed {peer} {shape}: fwd {fwd:.3f} ms, fwd+bwd {fb:.3f} ms ({how})",
                   flush=True)
     else:
         for name, line in accuracy(fn, work):
             print(f"accuracy {peer} {name}: {line}", flush=True)
+
+
+def parse_shapes(text):
+    """"1x65536x1x2,8x8192x16x32" -> [(1, 65536, 1, 2), (8, 8192, 16, 32)]."""
+    shapes = []
+    for item in text.split(","):
+        sizes = item.split("x")
+        if len(sizes) != 4 or not all(x.isdigit() and int(x) > 0 for x in sizes):
+            raise argparse.ArgumentTypeError(f"shape {item!r}: expected BxTxHKxHV, positive")
+        B, T, HK, HV = map(int, sizes)
+        if HV % HK:
+            raise argparse.ArgumentTypeError(f"shape {item!r}: HK={HK} must divide HV={HV}")
+        shapes.append((B, T, HK, HV))
+    return shapes
 
 
 def main():
@@ -272,15 +288,19 @@ def main():
     parser.add_argument("--peers", default="gdn,fla,flashqla,transformers",
                         help="the driver's peers, comma-separated (default: all but "
                         "flashqla-nocp, whose kernels TileLang compiles apart)")
+    parser.add_argument("--shapes", type=parse_shapes, default=SPEED_SHAPES,
+                        help="the speed part's shapes, BxTxHKxHV comma-separated (default: "
+                        + ",".join("x".join(map(str, s)) for s in SPEED_SHAPES) + ")")
     args = parser.parse_args()
     if args.make_reference:
         return make_reference(args.work, args.make_reference)
     if args.peer:
         part = args.part if args.part in ("accuracy", "profile") else "speed"
-        return run_peer(args.peer, part, args.work)
+        return run_peer(args.peer, part, args.work, args.shapes)
     if args.part == "profile":
         raise SystemExit("--part profile needs --peer")
-    me = [sys.executable, os.path.abspath(__file__), "--work", args.work]
+    me = [sys.executable, os.path.abspath(__file__), "--work", args.work, "--shapes",
+          ",".join("x".join(map(str, s)) for s in args.shapes)]
     lines, start = [], time.monotonic()
 
     def run(peer, part):  # the peer's lines as they come, so that a time limit keeps them

@@ -26,16 +26,19 @@ namespace {
 
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
+constexpr int kLdDiag = 16 * 16 + 16;  // floats from one diagonal block of L to the next (banks)
 
 // The k and q tiles hold the inputs (In), then in place k and q as bf16.
 struct PrepSmem {
   static constexpr int ks = 0;                       // [64][136]  k, then A (bf16 [64][72])
   static constexpr int qs = ks + kC * kLdH * 2;      // [64][136]  q, then P (bf16 [64][72])
   static constexpr int lb = qs + kC * kLdH * 2;      // bf16 [64][72]   L
-  static constexpr int l = lb + kC * kLdH64 * 2;     // f32 [64][68]    L
-  static constexpr int gates = l + kC * kLdF64 * 4;  // f32 H[64], R[64], beta[64], rq[64], rk[64]
+  static constexpr int l = lb + kC * kLdH64 * 2;     // f32 [4][272]    L's diagonal blocks
+  static constexpr int gates = l + 4 * kLdDiag * 4;  // f32 H[64], R[64], beta[64], rq[64], rk[64]
   static constexpr int bytes = gates + 5 * kC * 4;
 };
+// Four blocks a multiprocessor (16 warps) hide more of each block's latency than three did.
+static_assert(4 * (PrepSmem::bytes + 1024) <= 228 * 1024, "four blocks fit in an SM");
 
 // Inclusive cumsums of the 64 values of H (warp 0) and of R (warp 1), two values per lane.
 __device__ inline void chunk_cumsum(float* H, float* R) {
@@ -53,8 +56,8 @@ __device__ inline void chunk_cumsum(float* H, float* R) {
   G[lane + 32] = hi;
 }
 
-// ab = (I + L)^-1 (bf16, row stride kLdH64, zero above the diagonal on entry) from L in f32 (l)
-// and bf16 (lb).
+// ab = (I + L)^-1 (bf16, row stride kLdH64, zero above the diagonal on entry) from L's diagonal
+// 16 x 16 blocks in f32 (l: block b's row r at l + b kLdDiag + 16 r) and all of L in bf16 (lb).
 __device__ inline void invert_unit_lower(const float* l, const bf16* lb, bf16* ab) {
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   if (tid < kC) {  // diagonal block b, column c: forward substitution in registers
@@ -64,7 +67,7 @@ __device__ inline void invert_unit_lower(const float* l, const bf16* lb, bf16* a
     for (int r = 0; r < 16; ++r) {
       float sum = r == c ? 1.0f : 0.0f;
 #pragma unroll
-      for (int j = 0; j < r; ++j) sum -= l[(o + r) * kLdF64 + o + j] * col[j];
+      for (int j = 0; j < r; ++j) sum -= l[b * kLdDiag + 16 * r + j] * col[j];
       col[r] = sum;
     }
 #pragma unroll
@@ -112,7 +115,7 @@ __device__ inline void store_tile64(bf16* dst, const bf16* src) {
 }
 
 template <typename In>
-__global__ void __launch_bounds__(kThreads, 3) chunk_prep_kernel(Params p) {
+__global__ void __launch_bounds__(kThreads, 4) chunk_prep_kernel(Params p) {
   const int cid = blockIdx.x, hk = blockIdx.y, tid = threadIdx.x;
   const int warp = tid / 32, lane = tid % 32;
   const ChunkInfo info = p.chunks[cid];
@@ -269,7 +272,9 @@ __global__ void __launch_bounds__(kThreads, 3) chunk_prep_kernel(Params p) {
             l[e] = j + e < i[h] ? bi[h] * kk[nt][2 * h + e] * d : 0.0f;
             q[e] = qi[h] * qk[nt][2 * h + e] * d;
           }
-          *reinterpret_cast<float2*>(L + i[h] * kLdF64 + j) = make_float2(l[0], l[1]);
+          if (nt / 2 == warp)  // rows i are in diagonal block `warp`: its f32 copy
+            *reinterpret_cast<float2*>(L + warp * kLdDiag + 16 * (i[h] % 16) + 8 * (nt % 2) + c) =
+                make_float2(l[0], l[1]);
           *reinterpret_cast<__nv_bfloat162*>(lb + i[h] * kLdH64 + j) =
               __floats2bfloat162_rn(l[0], l[1]);
           *reinterpret_cast<__nv_bfloat162*>(pb + i[h] * kLdH64 + j) =

@@ -48,14 +48,12 @@ __global__ void __launch_bounds__(kThreads, 1) state_backward_kernel(Params p) {
     load_state(dS, segment_matrix(p.seg_dstate, p, blockIdx.z, hv), vw);
   for (int step = 0; step < kStages - 1; ++step) prefetch_step(step);
   for (int step = 0; step < chunks; ++step) {
-    prefetch_step(step + kStages - 1);
     wait_tiles(pipe, step);
     const Tiles t = tiles(smem, step % kStages);
     [[maybe_unused]] const long long s = slot(p, first + chunks - 1 - step, hv);
 
     std::uint32_t da[8][4];
     state_to_a(da, dS);
-    if constexpr (!kSummary) store_state_t(p.dh + s * kD * kD, vw, da, staging);
 
     // dVn^T = (dS^T K^T) diag(f) + dO^T P; dO^T is loaded while dS^T K^T runs, and dO^T P (off
     // the chain: it does not depend on dS) is issued behind it into its own accumulator.
@@ -63,6 +61,8 @@ __global__ void __launch_bounds__(kThreads, 1) state_backward_kernel(Params p) {
     wgmma_fence();
     wgmma_nk(dvn, da, t.k, false);
     wgmma_commit();
+    prefetch_step(step + kStages - 1);
+    if constexpr (!kSummary) store_state_t(p.dh + s * kD * kD, vw, da, staging);  // meanwhile
     // dO^T, and dO^T diag(scale e) in two bf16 parts (sa + sl, pack_bf16_split): rounding it to
     // bf16 once cost 30% of dh0's accuracy under strong gates (bench/rounding.py).
     std::uint32_t oa[4][4], sa[4][4], sl[4][4];

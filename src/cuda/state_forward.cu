@@ -61,27 +61,39 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
     load_state(S, sequence_matrix(p.h0, p, seg.n, hv), vw);
   else
     load_state(S, segment_matrix(p.seg_state, p, blockIdx.z, hv), vw);
+  // O of chunk i is stored during chunk i + 1 (after that chunk's K S is issued), and its
+  // buffer, whose P the product of O reads, is released then.
+  [[maybe_unused]] Acc qs[8];
+  [[maybe_unused]] auto store_o = [&](int i) {
+    const ChunkInfo info = p.chunks[first + i];
+    In* o = static_cast<In*>(p.o) + v_row(p, info.b, info.t0, hv) * kD + vw;
+    store_tokens<In>(qs, staging, o, static_cast<long long>(p.HV) * kD, info.len);
+  };
   for (int i = 0; i < kStages - 1; ++i) prefetch_chunk(i);
+  std::uint32_t sa[8][4];  // the state entering chunk i, as bf16 A fragments
+  state_to_a(sa, S);
   for (int i = 0; i < chunks; ++i) {
-    prefetch_chunk(i + kStages - 1);
     wait_tiles(pipe, i);
     const Tiles t = tiles(smem, i % kStages);
-    const int cid = first + i;
-    [[maybe_unused]] const long long s = slot(p, cid, hv);
-
-    std::uint32_t sa[8][4];
-    state_to_a(sa, S);
-    if constexpr (kStates) store_state_t(p.h + s * kD * kD, vw, sa, staging);
+    [[maybe_unused]] const long long s = slot(p, first + i, hv);
 
     // (K S)^T and (Q S)^T = S^T K^T, S^T Q^T: B = K^T, Q^T, that is K, Q as K-major tiles.
-    Acc ks[8], qs[8];
+    Acc ks[8];
     wgmma_fence();
     wgmma_nk(ks, sa, t.k, false);
     wgmma_commit();
     if constexpr (kOutput) {
+      wgmma_wait<1>();  // K S may run on: marks qs as not in flight
+      if (i > 0) {      // the previous chunk's O, stored while K S runs
+        store_o(i - 1);
+        release(pipe, i - 1);
+      }
+      wgmma_fence();
       wgmma_nk(qs, sa, t.q, false);
       wgmma_commit();
     }
+    prefetch_chunk(i + kStages - 1);
+    if constexpr (kStates) store_state_t(p.h + s * kD * kD, vw, sa, staging);
     wgmma_wait<kOutput ? 1 : 0>();
     fence_acc(ks);
 
@@ -117,24 +129,16 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
     wgmma_wait<0>();
     fence_acc(vn);
 
-    if constexpr (kOutput) {  // O^T = (Q S)^T diag(scale e) + Vn^T P^T
+    if constexpr (kOutput) {
       fence_acc(qs);
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) qs[nt][e] *= p.scale * t.eq[8 * nt + c + e % 2];
-      std::uint32_t va[4][4], vl[4][4];  // Vn in two parts, as X (off the state's chain)
-#pragma unroll
-      for (int kt = 0; kt < 4; ++kt)
-        acc_to_a(
-            va[kt], vn, kt, [](int) { return 1.0f; }, vl[kt]);
-      wgmma_fence();
-      wgmma_nk(qs, va, t.pm, true);
-      wgmma_nk(qs, vl, t.pm, true);
-      wgmma_commit();
     }
 
-    // S^T = gamma S^T + (Vn^T diag(f)) K, K as an MN-major tile; overlaps the stores of O or Vn.
+    // S^T = gamma S^T + (Vn^T diag(f)) K, K as an MN-major tile: issued first, so that the next
+    // chunk waits on it alone.
     std::uint32_t fa[4][4];
 #pragma unroll
     for (int kt = 0; kt < 4; ++kt) acc_to_a(fa[kt], vn, kt, [&](int j) { return t.fk[j]; });
@@ -147,18 +151,29 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
     wgmma_kn(S, fa, t.k, kC, true);
     wgmma_commit();
 
-    if constexpr (kOutput) {
-      wgmma_wait<1>();
-      fence_acc(qs);
-      const ChunkInfo info = p.chunks[cid];
-      In* o = static_cast<In*>(p.o) + v_row(p, info.b, info.t0, hv) * kD + vw;
-      store_tokens<In>(qs, staging, o, static_cast<long long>(p.HV) * kD, info.len);
+    if constexpr (kOutput) {  // O^T = (Q S)^T diag(scale e) + Vn^T P^T, stored next chunk
+      std::uint32_t va[4][4], vl[4][4];  // Vn in two parts, as X (off the state's chain)
+#pragma unroll
+      for (int kt = 0; kt < 4; ++kt)
+        acc_to_a(
+            va[kt], vn, kt, [](int) { return 1.0f; }, vl[kt]);
+      wgmma_fence();
+      wgmma_nk(qs, va, t.pm, true);
+      wgmma_nk(qs, vl, t.pm, true);
+      wgmma_commit();
     }
     if constexpr (kStates) store_tokens<bf16>(vn, staging, p.vn + s * kC * kD + vw, kD, kC);
-    wgmma_wait<0>();
+    wgmma_wait<kOutput ? 1 : 0>();
     fence_acc(S);
-    release(pipe, i);
+    state_to_a(sa, S);
+    if constexpr (kOutput) {
+      wgmma_wait<0>();
+      fence_acc(qs);
+    } else {
+      release(pipe, i);
+    }
   }
+  if constexpr (kOutput) store_o(chunks - 1);
   if (kSummary)
     store_state(transfer                       ? segment_matrix(p.seg_transfer, p, blockIdx.z, hv)
                 : seg.is_first && !seg.is_last ? segment_matrix(p.seg_state, p, blockIdx.z + 1, hv)
