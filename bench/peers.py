@@ -262,6 +262,11 @@ def run_peer(peer, part, work, shapes):
             print(f"accuracy {peer} {name}: {line}", flush=True)
 
 
+def format_shapes(shapes):
+    """[(1, 65536, 1, 2), (8, 8192, 16, 32)] -> "1x65536x1x2,8x8192x16x32" (parse_shapes' input)."""
+    return ",".join("x".join(map(str, shape)) for shape in shapes)
+
+
 def parse_shapes(text):
     """"1x65536x1x2,8x8192x16x32" -> [(1, 65536, 1, 2), (8, 8192, 16, 32)]."""
     shapes = []
@@ -290,7 +295,7 @@ def main():
                         "flashqla-nocp, whose kernels TileLang compiles apart)")
     parser.add_argument("--shapes", type=parse_shapes, default=SPEED_SHAPES,
                         help="the speed part's shapes, BxTxHKxHV comma-separated (default: "
-                        + ",".join("x".join(map(str, s)) for s in SPEED_SHAPES) + ")")
+                        + format_shapes(SPEED_SHAPES) + ")")
     args = parser.parse_args()
     if args.make_reference:
         return make_reference(args.work, args.make_reference)
@@ -300,7 +305,7 @@ def main():
     if args.part == "profile":
         raise SystemExit("--part profile needs --peer")
     me = [sys.executable, os.path.abspath(__file__), "--work", args.work, "--shapes",
-          ",".join("x".join(map(str, s)) for s in args.shapes)]
+          format_shapes(args.shapes)]
     lines, start = [], time.monotonic()
 
     def run(peer, part):  # the peer's lines as they come, so that a time limit keeps them

@@ -14,7 +14,6 @@ constexpr int kC = 64;      // chunk
 constexpr int kD = 128;     // K = V
 constexpr int kLdH = 136;   // shared row stride of a 128-wide bf16 tile (+16 B: no bank conflicts)
 constexpr int kLdH64 = 72;  // of a 64-wide bf16 tile
-constexpr int kLdF64 = 68;  // of a 64-wide f32 tile
 
 __device__ inline float to_float(float x) {
   return x;
