@@ -7,12 +7,14 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "cuda/segments.h"
 #include "cuda_testing.h"
 #include "gdn/cuda.h"
 #include "gdn/delta_rule.h"
@@ -26,21 +28,46 @@ namespace {
 constexpr double kOutputTolerance = 8e-3;
 constexpr double kGradTolerance = 1.5e-2;
 
+// x with its axis `axis` (heads) repeated `copies` times: head c H + h of the result is head h
+// of x. With HK and HV both repeated, value head c HV + h belongs to key head c HK + h / (HV / HK).
+HostTensor repeat_heads(const HostTensor& x, int axis, int copies) {
+  if (x.bytes.empty()) return x;
+  HostTensor y = x;
+  y.shape[axis] *= copies;
+  std::int64_t outer = 1;
+  for (int i = 0; i < axis; ++i) outer *= x.shape[i];
+  const std::size_t block = x.bytes.size() / outer;
+  y.bytes.resize(x.bytes.size() * copies);
+  for (std::int64_t o = 0; o < outer; ++o)
+    for (int c = 0; c < copies; ++c)
+      std::memcpy(y.bytes.data() + (o * copies + c) * block, x.bytes.data() + o * block, block);
+  return y;
+}
+
 // With reuse_forward, the backward reads the forward's workspace instead of recomputing it; with
 // save, that forward also saved the per-chunk states and Vn.
 // host_offsets = false: cu_seqlens only on the device (the workspace sized from shapes alone).
 // edit, when given, changes the generated inputs first; errors, when given, gets each output's
-// error by name.
+// error by name. head_copies > 1: the GPU runs the problem's heads that many times over (inputs
+// and reference repeated, repeat_heads), so that it plans for more heads than the float64
+// reference has to run.
 void check_problem(const Problem& p, bool reuse_forward = false, bool save = false,
                    bool host_offsets = true,
                    const std::function<void(ProblemData&)>& edit = nullptr,
-                   std::map<std::string, double>* errors = nullptr) {
+                   std::map<std::string, double>* errors = nullptr, int head_copies = 1) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   ProblemData data = generate(p);
   if (edit) edit(data);
   ProblemResults ref = allocate_results(p, DType::f64);
   delta_rule_forward(data.inputs(), ref.outputs(), Method::recurrent);
   delta_rule_backward(data.inputs(), ref.grads(data), Method::recurrent);
+  if (head_copies > 1) {
+    for (HostTensor* x : {&data.q, &data.k, &data.v, &data.g, &data.beta, &data.d_o, &ref.o,
+                          &ref.dq, &ref.dk, &ref.dv, &ref.dg, &ref.dbeta})
+      *x = repeat_heads(*x, 2, head_copies);  // [B, T, H, ...]
+    for (HostTensor* x : {&data.initial_state, &data.d_final_state, &ref.final_state, &ref.dh0})
+      *x = repeat_heads(*x, 1, head_copies);  // [N, H, K, V]
+  }
 
   DeviceTensor q(data.q), k(data.k), v(data.v), g(data.g), beta(data.beta), h0(data.initial_state),
       cu(data.cu_seqlens), d_o(data.d_o), dht(data.d_final_state);
@@ -104,9 +131,9 @@ void check_problem(const Problem& p, bool reuse_forward = false, bool save = fal
     if (errors) (*errors)[item.name] = err;
   }
   std::printf("[ errors   ] T=%lld HK=%lld HV=%lld B=%lld varlen=%d reuse=%d save=%d:%s\n",
-              static_cast<long long>(p.T), static_cast<long long>(p.HK),
-              static_cast<long long>(p.HV), static_cast<long long>(p.B), !p.seqlens.empty(),
-              reuse_forward, save, line.c_str());
+              static_cast<long long>(p.T), static_cast<long long>(p.HK * head_copies),
+              static_cast<long long>(p.HV * head_copies), static_cast<long long>(p.B),
+              !p.seqlens.empty(), reuse_forward, save, line.c_str());
 }
 
 Problem base(std::int64_t T, std::int64_t HK, std::int64_t HV) {
@@ -177,6 +204,20 @@ TEST(CudaDeltaRule, TwoPartOperandsKeepTheErrorsLow) {
   if (errors.empty()) return;  // skipped
   EXPECT_LE(errors["o"], 3.5e-3);
   EXPECT_LE(errors["dh0"], 2.0e-3);
+}
+// Transfer summaries in parts (segments.h): 16 copies of one head group make 32 value heads, for
+// which an H200 (132 SMs) cuts T=8192 into 4 segments with transfers in 2 parts for training
+// and T=20480 into 4 segments with transfers in 4 parts for inference. The float64 reference
+// runs the one group; a part composed in the wrong order or left out would show in every copy.
+TEST(CudaDeltaRule, TransferParts) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  int device = 0, sms = 0;
+  GDN_CUDA_CHECK(cudaGetDevice(&device));
+  GDN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  EXPECT_GT(cuda::plan_segments(32, 8192 / 64, false, true, sms).parts, 1);
+  EXPECT_GT(cuda::plan_segments(32, 20480 / 64, false, false, sms).parts, 1);
+  check_problem(base(8192, 1, 2), true, true, true, nullptr, nullptr, 16);
+  check_problem(base(20480, 1, 2), false, false, true, nullptr, nullptr, 16);
 }
 TEST(CudaDeltaRule, F16) {
   Problem p = base(500, 2, 2);

@@ -27,10 +27,10 @@
 #include <cstring>
 #include <string>
 
-#include "cuda/affine.cuh"
 #include "cuda/check.h"
 #include "cuda/device.h"
 #include "cuda/kernels.h"
+#include "cuda/segments.h"
 #include "cuda/stages.h"
 #include "gdn/cuda.h"
 #include "gdn/error.h"
@@ -112,47 +112,17 @@ ChunkCount count_chunks(const DeltaRuleInputs& in, const DeltaRuleShape& s,
   return count;
 }
 
-// Segments per sequence (state_pass.cuh), at least kMinSegment chunks each. For an inference
-// forward: as many as keep the state passes' blocks (P per value head) and the summary pass's
-// (2P - 3) within one wave of the GPU's multiprocessors. Otherwise the count that minimizes the
-// time run back to back, in chunk steps of one state pass: waves x segment length over the passes
-// that run one after another (under context parallelism the summary pass, 2P blocks per value
-// head, and the output pass; for training the forward's summary and save passes and the
-// backward's summary, P - 1, and gradient passes), plus the folds, whose serial chains grow by one
-// step per segment. A segment more costs about kFoldChunks chunk steps in each wave of fold
-// blocks: the fold steps (2.2 us forward, 2 us backward at HV=2, against about 3 us a chunk step)
-// and each segment's own work, fitted to sweeps of the segment count at HV=2 T=65536
-// (bench/RESULTS.md: training 32, 48, 64, 96 segments 0.914, 0.893, 0.879, 1.068 ms). With 32
-// heads on 132 SMs training picks 4 segments and inference 3; with 2 heads, 64 and 34.
-constexpr std::int64_t kMinSegment = 4;
-constexpr std::int64_t kFoldChunksTraining = 1, kFoldChunksForward = 2;
-
+// The segments and transfer parts of the state passes (segments.h: the cost model).
 void choose_segments(std::int64_t heads, std::int64_t longest, bool carried, bool training,
                      cuda::Params& p) {
   int device = 0, sms = 1;
   GDN_CUDA_CHECK(cudaGetDevice(&device));
   GDN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  const std::int64_t fit = sms / heads;
-  std::int64_t want = std::max<std::int64_t>(1, std::min(fit, (fit + 3) / 2));
-  if (carried || training) {
-    const auto waves = [&](std::int64_t per_head) {
-      return (std::max<std::int64_t>(per_head, 0) * heads + sms - 1) / sms;
-    };
-    const auto serial = [&](std::int64_t count) {
-      const std::int64_t seg = std::max(kMinSegment, (longest + count - 1) / count);
-      const std::int64_t passes =
-          carried ? waves(2 * count) + waves(count)
-                  : waves(2 * count - 3) + waves(count) + waves(count - 1) + waves(count);
-      const std::int64_t fold = training ? kFoldChunksTraining : kFoldChunksForward;
-      return passes * seg + waves(kD / cuda::affine::kSlice) * fold * count;
-    };
-    want = 1;
-    for (std::int64_t count = 2; count <= 4 * std::max<std::int64_t>(fit, 1); ++count)
-      if (serial(count) < serial(want)) want = count;
-  }
-  const std::int64_t seg = std::max(kMinSegment, (longest + want - 1) / want);
-  p.seg_len = static_cast<int>(seg);
-  p.seg_count = static_cast<int>(std::max<std::int64_t>(1, (longest + seg - 1) / seg));
+  const cuda::SegmentPlan plan = cuda::plan_segments(heads, longest, carried, training, sms);
+  p.seg_count = plan.count;
+  p.seg_len = plan.length;
+  p.seg_parts = plan.parts;
+  p.part_len = plan.part_length;
 }
 
 // A workspace, carved in 256-byte aligned pieces; with base == nullptr it only counts.
@@ -185,6 +155,7 @@ cuda::WorkspaceHeader header_of(const DeltaRuleInputs& in, const cuda::Params& p
   f[cuda::kSlots] = p.NC;
   f[cuda::kSegments] = p.seg_count;
   f[cuda::kSegmentLength] = p.seg_len;
+  f[cuda::kTransferParts] = p.seg_parts;
   f[cuda::kL2norm] = p.l2norm;
   f[cuda::kInitialState] = in.initial_state.given();
   f[cuda::kVarlen] = in.cu_seqlens.given();
@@ -261,7 +232,7 @@ std::size_t plan(const DeltaRuleInputs& in, const DeltaRuleShape& s, ChunkCount 
   const std::int64_t matrices = s.N * p.seg_count * s.HV * kD * kD;
   if (summaries) {
     p.seg_local = c.take<float>(matrices);
-    p.seg_transfer = c.take<float>(matrices);
+    p.seg_transfer = c.take<float>(matrices * p.seg_parts);
     p.seg_state = c.take<float>(matrices);
   }
   if (saved) {

@@ -110,6 +110,8 @@ const char* const kFieldNames[kHeaderFields] = {
     "save_for_backward)",
     "the segment length in chunks (the forward and the backward must agree on "
     "save_for_backward)",
+    "the number of transfer parts per segment (the forward and the backward must agree on "
+    "save_for_backward)",
     "use_qk_l2norm",
     "whether initial_state is given",
     "whether cu_seqlens is given",

@@ -2,7 +2,8 @@
 // (value head, sequence, 8 columns of the state), with affine.cuh's steps. Segment k of sequence
 // n is z = z0 + k (z0 = n seg_count); last is its final segment. Forward, the state entering
 // segment k + 1 is S(k + 1) = M_k S(k) + N_k; backward, the gradient leaving segment k - 1 is
-// dS(k - 1) = M_k^T dS(k) + D_k. The summary passes store N_0 (from h0) in seg_state[z0 + 1]
+// dS(k - 1) = M_k^T dS(k) + D_k, each M_k in seg_parts factors (segments.h), a step each. The
+// summary passes store N_0 (from h0) in seg_state[z0 + 1]
 // and, for a last segment summarized, D_last (from dS_T) in seg_dstate[z0 + last - 1].
 //
 //   states:       seg_state[z0 + k + 1] for k < last, from seg_state[z0 + 1]; when n enters with
@@ -15,10 +16,13 @@
 #include "cuda/affine.cuh"
 #include "cuda/check.h"
 #include "cuda/kernels.h"
+#include "cuda/segments.h"
 #include "cuda/state_pass.cuh"
 
 namespace gdn::cuda {
 namespace {
+
+static_assert(kD / affine::kSlice == kFoldSlices, "segments.h counts the fold's blocks");
 
 using state_pass::segment_matrix;
 using state_pass::sequence_matrix;
@@ -29,7 +33,13 @@ __global__ void __launch_bounds__(affine::kThreads) fold_kernel(Params p) {
   const int chunks = p.chunk_begin[n + 1] - p.chunk_begin[n];
   const int last = (chunks + p.seg_len - 1) / p.seg_len - 1, z0 = n * p.seg_count;
   if (chunks == 0) return;
-  auto M = [&](int k) -> const float* { return segment_matrix(p.seg_transfer, p, z0 + k, hv); };
+  // Transfer steps in a flat order over (segment k, part j): f = k R + j. M_k = M_k,R-1 ... M_k,0,
+  // so a forward chain takes a segment's parts in rising f and a transposed one in falling f;
+  // a segment's offset (and output) goes with the step of its last part taken.
+  const int R = p.seg_parts;
+  auto M = [&](int f) -> const float* {
+    return state_pass::transfer_matrix(p, z0 + f / R, f % R, hv);
+  };
   auto local = [&](int k) { return segment_matrix(p.seg_local, p, z0 + k, hv); };
   auto state = [&](int k) { return segment_matrix(p.seg_state, p, z0 + k, hv); };
   auto dlocal = [&](int k) { return segment_matrix(p.seg_dlocal, p, z0 + k, hv); };
@@ -39,43 +49,53 @@ __global__ void __launch_bounds__(affine::kThreads) fold_kernel(Params p) {
   extern __shared__ __align__(16) unsigned char smem[];
   affine::Smem& X = *reinterpret_cast<affine::Smem*>(smem);
 
-  if constexpr (kFold == Fold::states) {  // k = first .. last - 1
+  if constexpr (kFold == Fold::states) {  // k = first .. last - 1, f rising from first R
     const bool carried = enters(p, n);
     if (last < (carried ? 1 : 2)) return;
     const int first = carried ? 0 : 1;
+    auto ends = [&](int u) { return u % R == R - 1; };
+    auto k = [&](int u) { return first + u / R; };
     affine::load(X, carried ? sequence_matrix(p.h0, p, n, hv) : state(1), j0);
     affine::chain<false>(
-        X, last - first, [&](int t) { return M(first + t); },
-        [&](int t) { return first + t == 0 ? state(1) : local(first + t); },
-        [&](int t) { return state(first + t + 1); }, j0);
-  } else if constexpr (kFold == Fold::grad_states) {  // k = first .. 1
+        X, (last - first) * R, [&](int u) { return M(first * R + u); },
+        [&](int u) { return !ends(u)    ? nullptr
+                            : k(u) == 0 ? state(1)
+                                        : local(k(u)); },
+        [&](int u) { return ends(u) ? state(k(u) + 1) : nullptr; }, j0);
+  } else if constexpr (kFold == Fold::grad_states) {  // k = first .. 1, f falling
     const bool carried = leaves(p, n);
     if (last < (carried ? 1 : 2)) return;
     const int first = carried ? last : last - 1;
+    auto f = [&](int u) { return (first + 1) * R - 1 - u; };
+    auto ends = [&](int u) { return f(u) % R == 0; };
     affine::load(X, carried ? sequence_matrix(p.dht, p, n, hv) : dstate(last - 1), j0);
     affine::chain<true>(
-        X, first, [&](int t) { return M(first - t); },
-        [&](int t) { return first - t == last ? dstate(last - 1) : dlocal(first - t); },
-        [&](int t) { return dstate(first - t - 1); }, j0);
-  } else if constexpr (kFold == Fold::map_offset) {  // k = 1 .. last
+        X, first * R, [&](int u) { return M(f(u)); },
+        [&](int u) {
+          return !ends(u) ? nullptr : f(u) / R == last ? dstate(last - 1) : dlocal(f(u) / R);
+        },
+        [&](int u) { return ends(u) ? dstate(f(u) / R - 1) : nullptr; }, j0);
+  } else if constexpr (kFold == Fold::map_offset) {  // k = 1 .. last, f rising from R
     if (!leaves(p, n)) return;
     affine::load(X, last == 0 ? local(0) : state(1), j0);
     const int b = affine::chain<false>(
-        X, last, [&](int t) { return M(1 + t); }, [&](int t) { return local(1 + t); }, none, j0);
+        X, last * R, [&](int u) { return M(R + u); },
+        [&](int u) { return u % R == R - 1 ? local(1 + u / R) : nullptr; }, none, j0);
     affine::store(X, b, p.map_N + map * kD * kD, j0);
-  } else if constexpr (kFold == Fold::map_transfer) {  // k = 1 .. last when n enters
+  } else if constexpr (kFold == Fold::map_transfer) {  // k = 0 .. last when n enters
     if (!leaves(p, n)) return;
     const bool carried = enters(p, n);
     affine::load(X, carried ? M(0) : nullptr, j0);
     const int b = affine::chain<false>(
-        X, carried ? last : 0, [&](int t) { return M(1 + t); }, none, none, j0);
+        X, carried ? (last + 1) * R - 1 : 0, [&](int u) { return M(1 + u); }, none, none, j0);
     affine::store(X, b, p.map_M + map * kD * kD, j0);
-  } else {  // grad_offset: k = last - 1 .. 0
+  } else {  // grad_offset: k = last - 1 .. 0, f falling from last R - 1
     if (!enters(p, n)) return;
+    auto f = [&](int u) { return last * R - 1 - u; };
     affine::load(X, last == 0 ? dlocal(0) : dstate(last - 1), j0);
     const int b = affine::chain<true>(
-        X, last, [&](int t) { return M(last - 1 - t); },
-        [&](int t) { return dlocal(last - 1 - t); }, none, j0);
+        X, last * R, [&](int u) { return M(f(u)); },
+        [&](int u) { return f(u) % R == 0 ? dlocal(f(u) / R) : nullptr; }, none, j0);
     affine::store(X, b, p.map_N + map * kD * kD, j0);
   }
 }

@@ -26,8 +26,9 @@ struct ChunkInfo {
 
 struct Params {
   // Shapes. N sequences; NC chunk slots (an upper bound on the chunk count); each sequence cut
-  // into at most seg_count segments of seg_len chunks (state_pass.cuh).
-  int B, T, HK, HV, N, NC, seg_count, seg_len;
+  // into at most seg_count segments of seg_len chunks, the transfer summary of a segment into
+  // seg_parts parts of part_len chunks (segments.h).
+  int B, T, HK, HV, N, NC, seg_count, seg_len, seg_parts, part_len;
   float scale;
   bool l2norm;
   int beta_code;  // 0 f32, 1 bf16, 2 f16 (the dtype of beta; dbeta has the same code)
@@ -66,10 +67,10 @@ struct Params {
   bf16* vn;        // [NC, HV, 64, V]  Vn = A diag(beta) (V - diag(e) K S)   (save, backward)
 
   // Segment summaries (seg_count > 1), each [N * seg_count, HV, K, K or V] f32, segment k of
-  // sequence n at n * seg_count + k.
+  // sequence n at n * seg_count + k; the transfers [N * seg_count, seg_parts, HV, K, K].
   float* seg_local;     // N_k: the state leaving segment k from a zero start
   float* seg_dlocal;    // D_k: the state gradient entering segment k from a zero end
-  float* seg_transfer;  // M_k: S_end = M_k S_start + N_k
+  float* seg_transfer;  // M_k,j: S_end = M_k,parts-1 ... M_k,0 S_start + N_k
   float* seg_state;     // the state entering segment k (k >= 1)
   float* seg_dstate;    // the state gradient leaving segment k (k < last; backward only)
 

@@ -21,8 +21,8 @@ using namespace state_pass;
 template <typename In, bool kSummary>
 __global__ void __launch_bounds__(kThreads, 1) state_backward_kernel(Params p) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int hv = blockIdx.y, vw = 16 * warp;
-  const Segment seg = segment(p, blockIdx.z);
+  const int hv = blockIdx.x, z = blockIdx.y, vw = 16 * warp;
+  const Segment seg = segment(p, z);
   if (seg.chunks <= 0 || (kSummary && !has_grad_offset(p, seg))) return;
   const int first = seg.first, chunks = seg.chunks;
   const int c = 2 * (lane % 4);
@@ -45,7 +45,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_backward_kernel(Params p) {
   else if (seg.is_last)
     load_state(dS, sequence_matrix(p.dht, p, seg.n, hv), vw);
   else
-    load_state(dS, segment_matrix(p.seg_dstate, p, blockIdx.z, hv), vw);
+    load_state(dS, segment_matrix(p.seg_dstate, p, z, hv), vw);
   for (int step = 0; step < kStages - 1; ++step) prefetch_step(step);
   for (int step = 0; step < chunks; ++step) {
     wait_tiles(pipe, step);
@@ -124,8 +124,8 @@ __global__ void __launch_bounds__(kThreads, 1) state_backward_kernel(Params p) {
     release(pipe, step);
   }
   if (kSummary)
-    store_state(seg.is_last && !seg.is_first ? segment_matrix(p.seg_dstate, p, blockIdx.z - 1, hv)
-                                             : segment_matrix(p.seg_dlocal, p, blockIdx.z, hv),
+    store_state(seg.is_last && !seg.is_first ? segment_matrix(p.seg_dstate, p, z - 1, hv)
+                                             : segment_matrix(p.seg_dlocal, p, z, hv),
                 vw, dS);
   else if (p.dh0 && seg.is_first)
     store_state(sequence_matrix(p.dh0, p, seg.n, hv), vw, dS);
@@ -138,7 +138,7 @@ void launch_state_backward(const Params& p, cudaStream_t stream) {
   auto kernel = state_backward_kernel<In, kSummary>;
   GDN_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Stage::smem_bytes));
-  kernel<<<dim3(1, p.HV, p.N * p.seg_count), kThreads, Stage::smem_bytes, stream>>>(p);
+  kernel<<<dim3(p.HV, p.N * p.seg_count), kThreads, Stage::smem_bytes, stream>>>(p);
   GDN_CUDA_CHECK_LAUNCH();
 }
 

@@ -8,10 +8,11 @@
 // Pass::output writes o, Pass::recompute (for the backward) h = S^T and Vn, Pass::save all three.
 // Pass::summary runs
 // the segments of state_pass::has_offset / has_transfer and stores only their end state: in
-// block x = 0, from h0 for k = 0 (that is the state entering segment 1, unless k = 0 is also the
-// last) and from zero for k >= 1 (N_k, in seg_local); in block x = 1 the transfer matrix M_k
-// (started from the identity with V = 0, column j of M being the image of e_j). fold.cu composes
-// them.
+// blocks z = 0, from h0 for k = 0 (that is the state entering segment 1, unless k = 0 is also the
+// last) and from zero for k >= 1 (N_k, in seg_local); in blocks z = 1 + j part j of the transfer
+// matrix M_k (started from the identity with V = 0, column i of M being the image of e_i), over
+// the part's chunks only (segments.h). The offsets come first in the grid, so that they start
+// first and the shorter parts fill in around them. fold.cu composes them.
 #include "cuda/check.h"
 #include "cuda/kernels.h"
 #include "cuda/state_pass.cuh"
@@ -27,12 +28,14 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
   constexpr bool kStates = kPass == Pass::save || kPass == Pass::recompute;
   constexpr bool kSummary = kPass == Pass::summary;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int hv = blockIdx.y, vw = 16 * warp;
-  const Segment seg = segment(p, blockIdx.z);
-  const bool transfer = kSummary && blockIdx.x == 1;
+  const int hv = blockIdx.x, z = blockIdx.y, vw = 16 * warp;
+  const Segment seg = segment(p, z);
+  const bool transfer = kSummary && blockIdx.z > 0;
   if (seg.chunks <= 0) return;
   if (kSummary && !(transfer ? has_transfer(p, seg) : has_offset(p, seg))) return;
-  const int first = seg.first, chunks = seg.chunks;
+  const int part = blockIdx.z - 1, skip = transfer ? part * p.part_len : 0;
+  const int first = seg.first + skip;
+  const int chunks = transfer ? max(0, min(seg.chunks - skip, p.part_len)) : seg.chunks;
   const int c = 2 * (lane % 4);  // this lane's first column within an 8-column tile
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* smem = align_1024(smem_raw);
@@ -60,7 +63,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
   else if (seg.is_first)
     load_state(S, sequence_matrix(p.h0, p, seg.n, hv), vw);
   else
-    load_state(S, segment_matrix(p.seg_state, p, blockIdx.z, hv), vw);
+    load_state(S, segment_matrix(p.seg_state, p, z, hv), vw);
   // O of chunk i is stored during chunk i + 1 (after that chunk's K S is issued), and its
   // buffer, whose P the product of O reads, is released then.
   [[maybe_unused]] Acc qs[8];
@@ -175,9 +178,9 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
   }
   if constexpr (kOutput) store_o(chunks - 1);
   if (kSummary)
-    store_state(transfer                       ? segment_matrix(p.seg_transfer, p, blockIdx.z, hv)
-                : seg.is_first && !seg.is_last ? segment_matrix(p.seg_state, p, blockIdx.z + 1, hv)
-                                               : segment_matrix(p.seg_local, p, blockIdx.z, hv),
+    store_state(transfer                       ? transfer_matrix(p, z, part, hv)
+                : seg.is_first && !seg.is_last ? segment_matrix(p.seg_state, p, z + 1, hv)
+                                               : segment_matrix(p.seg_local, p, z, hv),
                 vw, S);
   else if (p.ht && seg.is_last)
     store_state(sequence_matrix(p.ht, p, seg.n, hv), vw, S);
@@ -190,8 +193,8 @@ void launch_state_forward(const Params& p, cudaStream_t stream) {
   auto kernel = state_forward_kernel<In, kPass>;
   GDN_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Stage::smem_bytes));
-  const int kinds = kPass == Pass::summary ? 2 : 1;
-  kernel<<<dim3(kinds, p.HV, p.N * p.seg_count), kThreads, Stage::smem_bytes, stream>>>(p);
+  const int kinds = kPass == Pass::summary ? 1 + p.seg_parts : 1;
+  kernel<<<dim3(p.HV, p.N * p.seg_count, kinds), kThreads, Stage::smem_bytes, stream>>>(p);
   GDN_CUDA_CHECK_LAUNCH();
 }
 

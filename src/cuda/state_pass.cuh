@@ -41,7 +41,7 @@ struct Stage {
 };
 static_assert(Stage::smem_bytes <= 227 * 1024, "one block fits in a Hopper SM's shared memory");
 
-// Segment k = z % seg_count of sequence n = z / seg_count (blockIdx.z = z): its chunk slots first
+// Segment k = z % seg_count of sequence n = z / seg_count (blockIdx.y = z): its chunk slots first
 // .. first + chunks - 1 (chunks <= 0: past the sequence's end), and whether it is the sequence's
 // first or last.
 struct Segment {
@@ -77,6 +77,11 @@ __device__ inline T* sequence_matrix(T* base, const Params& p, int n, int hv) {
 // The [K][V] f32 matrix of (segment z, value head hv) in a per-segment buffer.
 __device__ inline float* segment_matrix(float* base, const Params& p, int z, int hv) {
   return base + (static_cast<long long>(z) * p.HV + hv) * kD * kD;
+}
+// Part j of segment z's transfer M_z,j (value head hv): chunks [j part_len, (j + 1) part_len)
+// of the segment, the identity where the segment ends before.
+__device__ inline float* transfer_matrix(const Params& p, int z, int j, int hv) {
+  return p.seg_transfer + ((static_cast<long long>(z) * p.seg_parts + j) * p.HV + hv) * kD * kD;
 }
 
 // K and Q are the rows as they come (params.cuh): their l2norm factors rk, rq are in the gates.

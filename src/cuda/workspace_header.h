@@ -20,6 +20,7 @@ enum HeaderField : int {
   kSlots,          // NC: chunk slots (exact with cu_seqlens_host, else a bound from shapes)
   kSegments,       // seg_count
   kSegmentLength,  // seg_len
+  kTransferParts,  // seg_parts
   kL2norm,
   kInitialState,  // initial_state given
   kVarlen,        // cu_seqlens given
@@ -33,7 +34,7 @@ enum HeaderField : int {
   kHeaderFields
 };
 // Changes with the workspace's layout, so that an older layout is not read as this one.
-constexpr int kHeaderMagic = 0x33574447;  // "GDW3"
+constexpr int kHeaderMagic = 0x34574447;  // "GDW4"
 
 struct WorkspaceHeader {
   int field[kHeaderFields];

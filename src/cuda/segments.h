@@ -1,0 +1,27 @@
+#pragma once
+// How the chunk-serial state passes cut each sequence (state_pass.cuh): into `count` segments of
+// `length` chunks that run in parallel from the states their summaries and the folds give, and
+// each segment's transfer summary M_k further into `parts` pieces of `part_length` chunks
+// (M_k = M_k,parts-1 ... M_k,0; the folds compose them). A transfer splits for free (its
+// pieces are products of independent factors), an offset N_k does not (each piece would need
+// the transfer after it), so the parts fill the multiprocessors the offsets leave idle.
+// Host only, no CUDA: the plan is a function of shapes and the multiprocessor count.
+
+#include <cstdint>
+
+namespace gdn::cuda {
+
+// Fold blocks a value head (fold.cu: an 8-column slice of the 128-column state each).
+constexpr int kFoldSlices = 16;
+
+struct SegmentPlan {
+  int count = 1, length = 1, parts = 1, part_length = 1;
+};
+
+// heads: sequences x value heads; longest: the longest sequence's chunks; carried: context
+// parallelism (summaries of every segment for the rank's maps); training: the forward saves
+// for a backward that also runs (the backward's summary and passes count too).
+SegmentPlan plan_segments(std::int64_t heads, std::int64_t longest, bool carried, bool training,
+                          int multiprocessors);
+
+}  // namespace gdn::cuda

@@ -1,0 +1,58 @@
+// The segment plan of the CUDA state passes (cuda/segments.h): host arithmetic, no GPU.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+
+#include "cuda/segments.h"
+
+namespace gdn::cuda {
+namespace {
+
+constexpr int kH200 = 132;  // multiprocessors
+
+// The shapes the cost model was measured on (bench/RESULTS.md): 32 value heads at T = 65536 take
+// 4 segments whatever the path, their transfers in 4 parts (the summary's 5 blocks a head in one
+// wave of 132 instead of two); 2 heads keep the 64 segments of the training sweep, undivided.
+TEST(CudaSegments, MeasuredShapes) {
+  for (bool training : {false, true}) {
+    const SegmentPlan wide = plan_segments(32, 1024, false, training, kH200);
+    EXPECT_EQ(wide.count, 4);
+    EXPECT_EQ(wide.length, 256);
+    EXPECT_EQ(wide.parts, 4);
+    EXPECT_EQ(wide.part_length, 64);
+  }
+  const SegmentPlan few = plan_segments(2, 1024, false, true, kH200);
+  EXPECT_EQ(few.count, 64);
+  EXPECT_EQ(few.parts, 1);
+  // Enough heads to fill the GPU: one segment, nothing to summarize.
+  const SegmentPlan batch = plan_segments(256, 128, false, true, kH200);
+  EXPECT_EQ(batch.count, 1);
+  EXPECT_EQ(batch.parts, 1);
+}
+
+// Every plan covers the longest sequence with no empty segment, and a full segment's transfer
+// with no empty part; transfers are split only where there are some (3 segments or more, or
+// context parallelism).
+TEST(CudaSegments, PlansCoverTheSequence) {
+  for (std::int64_t heads : {1, 2, 3, 8, 32, 64, 200, 1000})
+    for (std::int64_t longest : {1, 2, 5, 64, 100, 1024, 4097})
+      for (bool carried : {false, true})
+        for (bool training : {false, true})
+          for (int sms : {1, 8, 132}) {
+            const SegmentPlan p = plan_segments(heads, longest, carried, training, sms);
+            SCOPED_TRACE(testing::Message() << heads << " heads, " << longest << " chunks, "
+                                            << carried << training << " on " << sms << " SMs");
+            ASSERT_GE(p.count, 1);
+            EXPECT_GE(std::int64_t{p.count} * p.length, longest);
+            EXPECT_LT(std::int64_t{p.count - 1} * p.length, longest);
+            ASSERT_GE(p.parts, 1);
+            EXPECT_GE(p.parts * p.part_length, p.length);
+            EXPECT_LT((p.parts - 1) * p.part_length, p.length);
+            if (!carried && p.count < 3) {
+              EXPECT_EQ(p.parts, 1);
+            }
+          }
+}
+
+}  // namespace
+}  // namespace gdn::cuda
