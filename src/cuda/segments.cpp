@@ -17,6 +17,9 @@
 #include "cuda/segments.h"
 
 #include <algorithm>
+#include <map>
+#include <mutex>
+#include <tuple>
 
 namespace gdn::cuda {
 namespace {
@@ -29,40 +32,58 @@ std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
   return (a + b - 1) / b;
 }
 
-}  // namespace
-
-SegmentPlan plan_segments(std::int64_t heads, std::int64_t longest, bool carried, bool training,
-                          int multiprocessors) {
-  const std::int64_t sms = std::max(1, multiprocessors);
+SegmentPlan search(std::int64_t heads, std::int64_t longest, bool carried, bool training,
+                   std::int64_t sms) {
   const auto waves = [&](std::int64_t per_head) {
     return ceil_div(std::max<std::int64_t>(per_head, 0) * heads, sms);
+  };
+  const auto transfers = [&](std::int64_t count) {
+    return carried ? count : std::max<std::int64_t>(count - 2, 0);
   };
   const std::int64_t fold_chunks = carried ? kFoldChunksCarried : kFoldChunks;
   const auto cost = [&](std::int64_t count, std::int64_t parts) {
     const std::int64_t seg = std::max(kMinSegment, ceil_div(longest, count));
     const std::int64_t part = ceil_div(seg, parts);
     const std::int64_t offsets = carried ? count : count - 1;
-    const std::int64_t transfers = carried ? count : std::max<std::int64_t>(count - 2, 0);
-    const std::int64_t summary = std::max(
-        waves(offsets) * seg, ceil_div(heads * (offsets + transfers) * seg, sms * part) * part);
+    const std::int64_t summary =
+        std::max(waves(offsets) * seg,
+                 ceil_div(heads * (offsets + transfers(count)) * seg, sms * part) * part);
     std::int64_t passes = summary + waves(count) * seg;
     if (training && !carried) passes += waves(count - 1) * seg + waves(count) * seg;
     const std::int64_t fold_steps =
-        count == 1 && !carried ? 0 : count + transfers * (ceil_div(seg, part) - 1);
+        count == 1 && !carried ? 0 : count + transfers(count) * (parts - 1);
     return passes + waves(kFoldSlices) * fold_chunks * fold_steps;
   };
-  std::int64_t best_count = 1, best_parts = 1;
-  const std::int64_t most = 4 * std::max<std::int64_t>(sms / std::max<std::int64_t>(heads, 1), 1);
+  std::int64_t best_count = 1, best_parts = 1, best = cost(1, 1);
+  const std::int64_t most = 4 * std::max<std::int64_t>(sms / heads, 1);
   for (std::int64_t count = 1; count <= most; ++count)
-    for (std::int64_t parts = 1; parts <= kMaxParts; parts *= 2)
-      if (cost(count, parts) < cost(best_count, best_parts)) best_count = count, best_parts = parts;
+    for (std::int64_t parts = 1; parts <= (transfers(count) > 0 ? kMaxParts : 1); parts *= 2)
+      if (const std::int64_t c = cost(count, parts); c < best)
+        best = c, best_count = count, best_parts = parts;
   SegmentPlan plan;
   const std::int64_t seg = std::max(kMinSegment, ceil_div(longest, best_count));
   plan.length = static_cast<int>(seg);
   plan.count = static_cast<int>(std::max<std::int64_t>(1, ceil_div(longest, seg)));
+  plan.parts = static_cast<int>(best_parts);
   plan.part_length = static_cast<int>(ceil_div(seg, best_parts));
-  plan.parts = static_cast<int>(ceil_div(seg, plan.part_length));
   return plan;
+}
+
+}  // namespace
+
+// The search takes tens of microseconds at a few heads (hundreds of counts): a call's host time,
+// so plans are kept per shape.
+SegmentPlan plan_segments(std::int64_t heads, std::int64_t longest, bool carried, bool training,
+                          int multiprocessors) {
+  using Key = std::tuple<std::int64_t, std::int64_t, bool, bool, int>;
+  static std::mutex mutex;
+  static std::map<Key, SegmentPlan> plans;
+  const Key key{heads, longest, carried, training, multiprocessors};
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (const auto it = plans.find(key); it != plans.end()) return it->second;
+  if (plans.size() >= 4096) plans.clear();
+  return plans[key] = search(std::max<std::int64_t>(heads, 1), longest, carried, training,
+                             std::max(1, multiprocessors));
 }
 
 }  // namespace gdn::cuda

@@ -2,10 +2,12 @@
 // How the chunk-serial state passes cut each sequence (state_pass.cuh): into `count` segments of
 // `length` chunks that run in parallel from the states their summaries and the folds give, and
 // each segment's transfer summary M_k further into `parts` pieces of `part_length` chunks
-// (M_k = M_k,parts-1 ... M_k,0; the folds compose them). A transfer splits for free (its
-// pieces are products of independent factors), an offset N_k does not (each piece would need
-// the transfer after it), so the parts fill the multiprocessors the offsets leave idle.
-// Host only, no CUDA: the plan is a function of shapes and the multiprocessor count.
+// (M_k = M_k,parts-1 ... M_k,0; the folds compose them; a piece past a short segment's end is the
+// identity). A transfer splits for free (its pieces are products of independent factors), an
+// offset N_k does not (each piece would need the transfer after it), so the parts fill the
+// multiprocessors the offsets leave. parts is a power of two (1 .. 8): the folds find a step's
+// segment and part by a shift and a mask. Host only, no CUDA: a function of shapes and the
+// multiprocessor count.
 
 #include <cstdint>
 
