@@ -14,6 +14,9 @@
 // whole work spread over every multiprocessor, rounded up to a part. The parts cost fold steps,
 // so they pay where segments are long and the folds' waves few (T = 64k at 32 heads: 4 segments,
 // transfers in 4 parts; at 2 heads the summary already spreads evenly and parts only cost).
+// Under context parallelism the transfers stay whole: the model picks parts there only on other
+// multiprocessor counts than the H200's (64 heads on 114 SMs), where the rank maps' folds with
+// parts have not run.
 #include "cuda/segments.h"
 
 #include <algorithm>
@@ -57,7 +60,7 @@ SegmentPlan search(std::int64_t heads, std::int64_t longest, bool carried, bool 
   std::int64_t best_count = 1, best_parts = 1, best = cost(1, 1);
   const std::int64_t most = 4 * std::max<std::int64_t>(sms / heads, 1);
   for (std::int64_t count = 1; count <= most; ++count)
-    for (std::int64_t parts = 1; parts <= (transfers(count) > 0 ? kMaxParts : 1); parts *= 2)
+    for (std::int64_t parts = 1; parts <= (!carried && count > 2 ? kMaxParts : 1); parts *= 2)
       if (const std::int64_t c = cost(count, parts); c < best)
         best = c, best_count = count, best_parts = parts;
   SegmentPlan plan;

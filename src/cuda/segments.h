@@ -6,8 +6,8 @@
 // identity). A transfer splits for free (its pieces are products of independent factors), an
 // offset N_k does not (each piece would need the transfer after it), so the parts fill the
 // multiprocessors the offsets leave. parts is a power of two (1 .. 8): the folds find a step's
-// segment and part by a shift and a mask. Host only, no CUDA: a function of shapes and the
-// multiprocessor count.
+// segment and part by a shift and a mask; 1 under context parallelism (carried). Host only, no
+// CUDA: a function of shapes and the multiprocessor count.
 
 #include <cstdint>
 
