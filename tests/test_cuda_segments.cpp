@@ -24,6 +24,14 @@ TEST(CudaSegments, MeasuredShapes) {
   const SegmentPlan few = plan_segments(2, 1024, false, true, kH200);
   EXPECT_EQ(few.count, 64);
   EXPECT_EQ(few.parts, 1);
+  // Inference: T = 16384 at 32 heads gains from 4 segments in parts (0.62 -> 0.59 ms), T = 4096
+  // does not (0.193 -> 0.200 ms with 4 in 2 parts): it keeps 3.
+  const SegmentPlan mid = plan_segments(32, 256, false, false, kH200);
+  EXPECT_EQ(mid.count, 4);
+  EXPECT_EQ(mid.parts, 4);
+  const SegmentPlan brief = plan_segments(32, 64, false, false, kH200);
+  EXPECT_EQ(brief.count, 3);
+  EXPECT_EQ(brief.parts, 1);
   // Enough heads to fill the GPU: one segment, nothing to summarize.
   const SegmentPlan batch = plan_segments(256, 128, false, true, kH200);
   EXPECT_EQ(batch.count, 1);

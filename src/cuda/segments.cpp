@@ -1,11 +1,12 @@
-// The segment plan's cost model. Time is counted in chunk steps of one state pass, run back to
-// back: the passes that follow one another (the forward's summary and its output or save pass;
-// for training also the backward's summary, P - 1 offsets a value head, and gradient pass),
-// each as long as its busiest multiprocessor, plus the folds, whose serial chains take a step a
-// segment or transfer part. A fold step costs about kFoldChunks chunk steps in each wave of fold
-// blocks: the fold step itself (1.6 us at HV=2, against about 3 us a chunk step) and each
-// segment's own work, fitted to sweeps of the segment count at HV=2 T=65536 (bench/RESULTS.md:
-// training 32, 48, 64, 96 segments 0.914, 0.893, 0.879, 1.068 ms).
+// The segment plan's cost model: the time of the passes that follow one another (the forward's
+// summary and its output or save pass; for training also the backward's summary, P - 1 offsets a
+// value head, and gradient pass), each as long as its busiest multiprocessor's chunk steps times
+// the pass's step time, plus the folds, whose serial chains take a step a segment or transfer
+// part in each wave of fold blocks. The step times are ncu's pass times over the chunks a block
+// runs (T = 65536, 32 value heads, bench/RESULTS.md sixteenth session); a fold step, 1.5 us at 2
+// heads (one wave of fold blocks) and 3.5 us at 32 (four waves), is taken as 0.6 + 0.9 us a wave.
+// At 2 heads the model keeps the 64 segments of the training sweep (32, 48, 64, 96 segments: 0.914,
+// 0.893, 0.879, 1.068 ms).
 //
 // The forward's summary runs, per value head, the offsets N_k of P - 1 segments (all P under
 // context parallelism) and the transfers M_k of the P - 2 middle ones (all P): 2P - 3 blocks of
@@ -28,7 +29,14 @@ namespace gdn::cuda {
 namespace {
 
 constexpr std::int64_t kMinSegment = 4;  // chunks
-constexpr std::int64_t kFoldChunks = 1, kFoldChunksCarried = 2;
+// Microseconds a chunk step, in tenths: the forward summary, output and save passes, the
+// backward summary and state_backward; a fold step, and its part in each wave of fold blocks.
+constexpr std::int64_t kSummaryStep = 19, kOutputStep = 33, kSaveStep = 46;
+constexpr std::int64_t kGradSummaryStep = 26, kGradStep = 37, kFoldStep = 6, kFoldWave = 9;
+// A block's start and end (its state loaded and stored, its copies' prologue), per round of
+// blocks on a multiprocessor: fitted so that short segments do not pay for their extra blocks
+// (T = 4096 at 32 heads keeps 3 segments, T = 65536 at 2 heads 34 for inference).
+constexpr std::int64_t kBlockStart = 40;
 constexpr std::int64_t kMaxParts = 8;
 
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
@@ -43,7 +51,9 @@ SegmentPlan search(std::int64_t heads, std::int64_t longest, bool carried, bool 
   const auto transfers = [&](std::int64_t count) {
     return carried ? count : std::max<std::int64_t>(count - 2, 0);
   };
-  const std::int64_t fold_chunks = carried ? kFoldChunksCarried : kFoldChunks;
+  // Folds run: the states' (inference), and the gradients' (training), and under context
+  // parallelism the rank map's two.
+  const std::int64_t folds = carried ? 3 : training ? 2 : 1;
   const auto cost = [&](std::int64_t count, std::int64_t parts) {
     const std::int64_t seg = std::max(kMinSegment, ceil_div(longest, count));
     const std::int64_t part = ceil_div(seg, parts);
@@ -51,11 +61,17 @@ SegmentPlan search(std::int64_t heads, std::int64_t longest, bool carried, bool 
     const std::int64_t summary =
         std::max(waves(offsets) * seg,
                  ceil_div(heads * (offsets + transfers(count)) * seg, sms * part) * part);
-    std::int64_t passes = summary + waves(count) * seg;
-    if (training && !carried) passes += waves(count - 1) * seg + waves(count) * seg;
+    std::int64_t time =
+        kSummaryStep * summary + (training ? kSaveStep : kOutputStep) * waves(count) * seg;
+    std::int64_t rounds = waves(offsets + transfers(count) * parts) + waves(count);
+    if (training && !carried) {
+      time += (kGradSummaryStep * waves(count - 1) + kGradStep * waves(count)) * seg;
+      rounds += waves(count - 1) + waves(count);
+    }
+    time += kBlockStart * rounds;
     const std::int64_t fold_steps =
         count == 1 && !carried ? 0 : count + transfers(count) * (parts - 1);
-    return passes + waves(kFoldSlices) * fold_chunks * fold_steps;
+    return time + folds * (kFoldStep + kFoldWave * waves(kFoldSlices)) * fold_steps;
   };
   std::int64_t best_count = 1, best_parts = 1, best = cost(1, 1);
   const std::int64_t most = 4 * std::max<std::int64_t>(sms / heads, 1);
