@@ -10,32 +10,32 @@ namespace {
 
 constexpr int kH200 = 132;  // multiprocessors
 
+// The plan of a sequence of `chunks` chunks over `heads` heads (no context parallelism) on an
+// H200 has `count` segments, the transfers in `parts` parts; returns it.
+SegmentPlan expect_plan(std::int64_t heads, std::int64_t chunks, bool training, int count,
+                        int parts) {
+  const SegmentPlan plan = plan_segments(heads, chunks, false, training, kH200);
+  EXPECT_EQ(plan.count, count) << heads << " heads, " << chunks << " chunks";
+  EXPECT_EQ(plan.parts, parts) << heads << " heads, " << chunks << " chunks";
+  return plan;
+}
+
 // The shapes the cost model was measured on (bench/RESULTS.md): 32 value heads at T = 65536 take
 // 4 segments whatever the path, their transfers in 4 parts (the summary's 5 blocks a head in one
 // wave of 132 instead of two); 2 heads keep the 64 segments of the training sweep, undivided.
 TEST(CudaSegments, MeasuredShapes) {
   for (bool training : {false, true}) {
-    const SegmentPlan wide = plan_segments(32, 1024, false, training, kH200);
-    EXPECT_EQ(wide.count, 4);
+    const SegmentPlan wide = expect_plan(32, 1024, training, 4, 4);
     EXPECT_EQ(wide.length, 256);
-    EXPECT_EQ(wide.parts, 4);
     EXPECT_EQ(wide.part_length, 64);
   }
-  const SegmentPlan few = plan_segments(2, 1024, false, true, kH200);
-  EXPECT_EQ(few.count, 64);
-  EXPECT_EQ(few.parts, 1);
+  expect_plan(2, 1024, true, 64, 1);
   // Inference: T = 16384 at 32 heads gains from 4 segments in parts (0.62 -> 0.59 ms), T = 4096
   // does not (0.193 -> 0.200 ms with 4 in 2 parts): it keeps 3.
-  const SegmentPlan mid = plan_segments(32, 256, false, false, kH200);
-  EXPECT_EQ(mid.count, 4);
-  EXPECT_EQ(mid.parts, 4);
-  const SegmentPlan brief = plan_segments(32, 64, false, false, kH200);
-  EXPECT_EQ(brief.count, 3);
-  EXPECT_EQ(brief.parts, 1);
+  expect_plan(32, 256, false, 4, 4);
+  expect_plan(32, 64, false, 3, 1);
   // Enough heads to fill the GPU: one segment, nothing to summarize.
-  const SegmentPlan batch = plan_segments(256, 128, false, true, kH200);
-  EXPECT_EQ(batch.count, 1);
-  EXPECT_EQ(batch.parts, 1);
+  expect_plan(256, 128, true, 1, 1);
 }
 
 // Every plan covers the longest sequence with no empty segment, and a segment by its parts (a

@@ -45,6 +45,9 @@ std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
 
 SegmentPlan search(std::int64_t heads, std::int64_t longest, bool carried, bool training,
                    std::int64_t sms) {
+  const auto length = [&](std::int64_t count) {
+    return std::max(kMinSegment, ceil_div(longest, count));
+  };
   const auto waves = [&](std::int64_t per_head) {
     return ceil_div(std::max<std::int64_t>(per_head, 0) * heads, sms);
   };
@@ -55,7 +58,7 @@ SegmentPlan search(std::int64_t heads, std::int64_t longest, bool carried, bool 
   // parallelism the rank map's two.
   const std::int64_t folds = carried ? 3 : training ? 2 : 1;
   const auto cost = [&](std::int64_t count, std::int64_t parts) {
-    const std::int64_t seg = std::max(kMinSegment, ceil_div(longest, count));
+    const std::int64_t seg = length(count);
     const std::int64_t part = ceil_div(seg, parts);
     const std::int64_t offsets = carried ? count : count - 1;
     const std::int64_t summary =
@@ -80,7 +83,7 @@ SegmentPlan search(std::int64_t heads, std::int64_t longest, bool carried, bool 
       if (const std::int64_t c = cost(count, parts); c < best)
         best = c, best_count = count, best_parts = parts;
   SegmentPlan plan;
-  const std::int64_t seg = std::max(kMinSegment, ceil_div(longest, best_count));
+  const std::int64_t seg = length(best_count);
   plan.length = static_cast<int>(seg);
   plan.count = static_cast<int>(std::max<std::int64_t>(1, ceil_div(longest, seg)));
   plan.parts = static_cast<int>(best_parts);

@@ -8,11 +8,11 @@
 // Pass::output writes o, Pass::recompute (for the backward) h = S^T and Vn, Pass::save all three.
 // Pass::summary runs
 // the segments of state_pass::has_offset / has_transfer and stores only their end state: in
-// blocks z = 0, from h0 for k = 0 (that is the state entering segment 1, unless k = 0 is also the
-// last) and from zero for k >= 1 (N_k, in seg_local); in blocks z = 1 + j part j of the transfer
-// matrix M_k (started from the identity with V = 0, column i of M being the image of e_i), over
-// the part's chunks only (segments.h). The offsets come first in the grid, so that they start
-// first and the shorter parts fill in around them. fold.cu composes them.
+// blocks with blockIdx.z = 0, from h0 for k = 0 (that is the state entering segment 1, unless k = 0
+// is also the last) and from zero for k >= 1 (N_k, in seg_local); in blocks with blockIdx.z = 1 + j
+// part j of the transfer matrix M_k (started from the identity with V = 0, column i of M being the
+// image of e_i), over the part's chunks only (segments.h). The offsets come first in the grid, so
+// that they start first and the shorter parts fill in around them. fold.cu composes them.
 #include "cuda/check.h"
 #include "cuda/kernels.h"
 #include "cuda/state_pass.cuh"
