@@ -219,6 +219,31 @@ TEST(CudaDeltaRule, TransferParts) {
   check_problem(base(8192, 1, 2), true, true, true, nullptr, nullptr, 16);
   check_problem(base(20480, 1, 2), false, false, true, nullptr, nullptr, 16);
 }
+// The gradient pass in rounds (segments.h: RoundPlan), the last first, dh and dVn holding one
+// round's chunks: 32 copies of one head group make 64 value heads over three sequences of 142,
+// 2 and 141 chunks, in 2 rounds of 71 chunks, so that a sequence has no chunks in the later
+// round, one ends inside a round, and a round's places in dh start at a different chunk for each
+// sequence. The training path with the offsets on the host, and the backward recomputing the
+// states with the offsets on the device only (the chunk count an upper bound: 4 rounds, the last
+// two empty).
+TEST(CudaDeltaRule, BackwardRounds) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  int device = 0, sms = 0;
+  GDN_CUDA_CHECK(cudaGetDevice(&device));
+  GDN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  Problem p = base(0, 1, 2);
+  p.seqlens = {9050, 100, 9000};
+  for (auto n : p.seqlens) p.T += n;
+  const int copies = 32, heads = 2 * copies;
+  const auto rounds = [&](std::int64_t longest, std::int64_t chunk_slots, bool training) {
+    const cuda::SegmentPlan seg = cuda::plan_segments(3 * heads, longest, false, training, sms);
+    return cuda::plan_rounds(3 * seg.count, seg.length, chunk_slots, heads).count;
+  };
+  EXPECT_GT(rounds(142, 142 + 2 + 141, true), 1);
+  EXPECT_GT(rounds((p.T + 63) / 64, (p.T + 63 * 3) / 64, false), 1);
+  check_problem(p, true, true, true, nullptr, nullptr, copies);
+  check_problem(p, false, false, false, nullptr, nullptr, copies);
+}
 TEST(CudaDeltaRule, F16) {
   Problem p = base(500, 2, 2);
   p.dtype = DType::f16;

@@ -1,6 +1,7 @@
 // The segment plan of the CUDA state passes (cuda/segments.h): host arithmetic, no GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "cuda/segments.h"
@@ -61,6 +62,44 @@ TEST(CudaSegments, PlansCoverTheSequence) {
               EXPECT_EQ(p.parts, 1);
             }
           }
+}
+
+// The backward's rounds (RoundPlan): at T = 65536 with 32 value heads (4 segments of 256
+// chunks) dh and dVn take 2 rounds of 128 chunks a segment, 0.75 GiB instead of 1.5; a call
+// whose dh and dVn fit a round's bytes anyway runs in one round over every chunk slot.
+TEST(CudaSegments, BackwardRounds) {
+  const RoundPlan wide = plan_rounds(4, 256, 1024, 32);
+  EXPECT_EQ(wide.count, 2);
+  EXPECT_EQ(wide.length, 128);
+  EXPECT_EQ(wide.slots, 4 * 128);
+  const RoundPlan small = plan_rounds(4, 64, 256, 32);  // T = 16384
+  EXPECT_EQ(small.count, 1);
+  EXPECT_EQ(small.slots, 256);
+}
+
+// Rounds cover a segment, none empty; one round holds every chunk slot; more rounds hold fewer
+// and save bytes even with the carried state gradients.
+TEST(CudaSegments, RoundsCoverTheSegments) {
+  for (std::int64_t heads : {1, 2, 32, 64})
+    for (std::int64_t segments : {1, 3, 64, 1000})
+      for (std::int64_t length : {1, 5, 64, 256, 1024}) {
+        const std::int64_t slots = segments * length;
+        for (std::int64_t chunk_slots : {slots, slots / 3 + 1}) {
+          const RoundPlan r = plan_rounds(segments, length, chunk_slots, heads);
+          SCOPED_TRACE(testing::Message() << heads << " heads, " << segments << " segments of "
+                                          << length << ", " << chunk_slots << " slots");
+          ASSERT_GE(r.count, 1);
+          EXPECT_GE(std::int64_t{r.count} * r.length, length);
+          EXPECT_LT(std::int64_t{r.count - 1} * r.length, length);
+          if (r.count == 1) {
+            EXPECT_EQ(r.slots, chunk_slots);
+          } else {
+            EXPECT_LT(r.slots, chunk_slots);
+            EXPECT_EQ(r.slots, std::min(chunk_slots, segments * r.length));
+            EXPECT_LT((r.slots * 48 + segments * 64) * heads, chunk_slots * heads * 48);  // KiB
+          }
+        }
+      }
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
-// The chunk table, from cu_seqlens or the batch rows; the workspace header (delta_rule.cu).
+// The chunk table, from cu_seqlens or the batch rows; the backward rounds' tables; the workspace
+// header (delta_rule.cu).
 #include "cuda/check.h"
 #include "cuda/kernels.h"
 
@@ -124,6 +125,20 @@ __global__ void chunk_table_kernel(Params p) {
     __syncthreads();
   }
   const int total = p.chunk_begin[p.N];
+  const int segments = p.N * p.seg_count;
+  if (p.round_first) {  // the backward rounds' tables (params.cuh): where each round's chunks go
+    for (int r = threadIdx.x; r < p.rounds; r += blockDim.x) {  // a round a thread
+      int at = 0;
+      for (int z = 0; z < segments; ++z) {
+        p.round_first[r * segments + z] = at;
+        at += min(max(segment(p, z).chunks - r * p.round_len, 0), p.round_len);
+      }
+    }
+    const long long places = static_cast<long long>(p.rounds) * p.round_slots;
+    for (long long i = threadIdx.x; i < places; i += blockDim.x)
+      p.round_chunks[i] = RoundChunk{0, ChunkInfo{0, 0, 0, 0, 0}};
+    __syncthreads();
+  }
   for (int cid = threadIdx.x; cid < p.NC; cid += blockDim.x) {
     ChunkInfo info{0, 0, 0, 0, 0};
     if (cid < total) {
@@ -140,6 +155,13 @@ __global__ void chunk_table_kernel(Params p) {
       info = {lo, p.cu_seqlens ? 0 : lo, p.seq_begin[lo] + t0, min(kC, p.seq_len[lo] - t0), index};
     }
     p.chunks[cid] = info;
+    if (p.round_first && info.len > 0) {
+      const int k = info.index / p.seg_len, local = info.index % p.seg_len;
+      const int r = local / p.round_len;
+      const int place =
+          p.round_first[r * segments + info.n * p.seg_count + k] + local % p.round_len;
+      p.round_chunks[static_cast<long long>(r) * p.round_slots + place] = RoundChunk{cid, info};
+    }
   }
   if (mismatch) poison_gradients(p);
 }

@@ -260,8 +260,16 @@ std::size_t plan(const DeltaRuleInputs& in, const DeltaRuleShape& s, ChunkCount 
     p.h = b.take<bf16>(slots * kD * kD);
     p.vn = b.take<bf16>(slots * kC * kD);
   }
-  p.dh = b.take<bf16>(slots * kD * kD);
-  p.dvn = b.take<bf16>(slots * kC * kD);
+  const std::int64_t segments = s.N * p.seg_count;
+  const cuda::RoundPlan rounds = cuda::plan_rounds(segments, p.seg_len, NC, s.HV);
+  p.rounds = rounds.count;
+  p.round_len = rounds.length;
+  p.round_slots = static_cast<int>(rounds.slots);
+  p.round_first = b.take<int>(rounds.count * segments);
+  p.round_chunks = b.take<cuda::RoundChunk>(rounds.count * rounds.slots);
+  if (rounds.count > 1) p.round_dstate = b.take<float>(matrices);
+  p.dh = b.take<bf16>(rounds.slots * s.HV * kD * kD);
+  p.dvn = b.take<bf16>(rounds.slots * s.HV * kC * kD);
   return b.used;
 }
 
@@ -402,8 +410,11 @@ void summarize_backward(const Call& c) {
 template <typename In>
 void finish_backward(const Call& c) {
   if (has_summaries(c.p)) cuda::launch_fold(c.p, cuda::Fold::grad_states, c.stream);
-  cuda::launch_state_backward<In, false>(c.p, c.stream);
-  cuda::launch_grad_chunk<In>(c.p, c.stream);
+  cuda::Params round = c.p;
+  for (round.round = c.p.rounds - 1; round.round >= 0; --round.round) {  // the last first
+    cuda::launch_state_backward<In, false>(round, c.stream);
+    cuda::launch_grad_chunk<In>(round, c.stream);
+  }
 }
 
 template <typename Fn>

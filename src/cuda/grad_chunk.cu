@@ -1,6 +1,6 @@
-// The per-chunk gradients, parallel over (chunk, key head), from the recomputed S = h[c] and
-// Vn, and dS = dh[c], dVn from the reverse pass (h and dh stored transposed). The math is
-// chunked_backward.cpp's (spec 3):
+// The per-chunk gradients, parallel over (chunk of this round, key head; params.cuh says what a
+// round is), from the recomputed S = h[c] and Vn, and dS = dh[c], dVn from the reverse pass (h
+// and dh stored transposed). The math is chunked_backward.cpp's (spec 3):
 //   dR = A^T dVn,  dV = diag(beta) dR,  D = [-dR; scale dO],
 //   [dKb; dQe] = D S^T,  [dL; dP] = D Vn^T,  dKf = Vn dS^T,
 //   Kb = diag(beta e) K, Qe = diag(e) Q, Kf = diag(f) K, P = (Q K^T) * decay,
@@ -72,7 +72,8 @@ struct GradSmem {
 };
 // dS^T's tile takes, in the last value head once done with dS^T, the input rows x = q, k
 // (In [2][64][128]) for the l2norm's backward of f16 inputs (bf16 ones are the Q, K tiles).
-static_assert(GradSmem::bytes <= 227 * 1024, "one block fits in a Hopper SM's shared memory");
+static_assert(GradSmem::bytes + sizeof(int) <= 227 * 1024,
+              "one block (and its static chunk slot) fits in a Hopper SM's shared memory");
 
 // Sums v over the 4 lanes that share a row.
 __device__ inline float row_sum(float v) {
@@ -107,11 +108,20 @@ __device__ inline void add_row_sums(float* out, int row0, const Acc (&x)[N], Wei
 
 template <typename In>
 __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
-  const int cid = blockIdx.x, hk = blockIdx.y, tid = threadIdx.x;
+  // The chunk at `place` in this round's dh and dVn (params.cuh: rounds).
+  const int place = blockIdx.x, hk = blockIdx.y, tid = threadIdx.x;
+  const RoundChunk at = p.round_chunks[static_cast<long long>(p.round) * p.round_slots + place];
+  // The chunk's slot, read from shared memory at each use: held in a register, live through every
+  // product at 255 registers a thread, it cost the kernel 3-7% (bench/RESULTS.md, seventeenth
+  // session); the block index it was before the rounds the compiler recomputed for free.
+  __shared__ int shared_cid;
+  if (tid == 0) shared_cid = at.cid;
+  __syncthreads();
+  auto chunk = [&] { return *static_cast<volatile int*>(&shared_cid); };
   const int warp = tid / 32, lane = tid % 32, g = lane / 4, c = 2 * (lane % 4);
   const int r0 = 16 * (warp % 4), half = warp / 4;  // rows r0.., columns of this half
   const int i_lo = r0 + g, i_hi = i_lo + 8;         // this lane's rows
-  const ChunkInfo info = p.chunks[cid];
+  const ChunkInfo info = at.info;
   if (info.len == 0) return;
   const int group = p.HV / p.HK, len = info.len;
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -169,22 +179,23 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
 
   // Vn and dVn of the group's value head j into their tiles j % 2.
   auto issue_vn = [&](int j) {
-    const long long sj = slot(p, cid, hk * group + j);
-    issue_rows_swizzled<kD, kC, kThreads>(vn_tiles + (j % 2) * kC * kD, p.vn + sj * kC * kD, kD,
-                                          kC);
-    issue_rows_swizzled<kD, kC, kThreads>(dvn_tiles + (j % 2) * kC * kD, p.dvn + sj * kC * kD, kD,
-                                          kC);
+    const int hv = hk * group + j;
+    issue_rows_swizzled<kD, kC, kThreads>(vn_tiles + (j % 2) * kC * kD,
+                                          p.vn + slot(p, chunk(), hv) * kC * kD, kD, kC);
+    issue_rows_swizzled<kD, kC, kThreads>(dvn_tiles + (j % 2) * kC * kD,
+                                          p.dvn + slot(p, place, hv) * kC * kD, kD, kC);
   };
 
   Acc dq[8] = {}, dk[8] = {};  // the group's sums
   for (int gi = 0; gi < group; ++gi) {
     const int hv = hk * group + gi;
-    const long long s = slot(p, cid, hv), vrow = v_row(p, info.b, info.t0, hv);
+    const long long s = slot(p, chunk(), hv), ds = slot(p, place, hv);  // h, A; dh
+    const long long vrow = v_row(p, info.b, info.t0, hv);
     const In* d_o = static_cast<const In*>(p.d_o) + vrow * kD;
     bf16* vn = vn_tiles + (gi % 2) * kC * kD;
     bf16* dvn = dvn_tiles + (gi % 2) * kC * kD;
     if (gi == 0) {  // later value heads' dS^T, Vn and dVn are prefetched by the one before
-      issue_rows_swizzled<kD, kD, kThreads>(st, p.dh + s * kD * kD, kD, kD);
+      issue_rows_swizzled<kD, kD, kThreads>(st, p.dh + ds * kD * kD, kD, kD);
       issue_vn(0);
     }
     issue_rows_swizzled<kD, kD, kThreads>(hs, p.h + s * kD * kD, kD, kD);
@@ -278,7 +289,7 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
     }
     __syncthreads();  // dS^T is done: the next value head's takes its place
     if (gi + 1 < group) {
-      issue_rows_swizzled<kD, kD, kThreads>(st, p.dh + slot(p, cid, hv + 1) * kD * kD, kD, kD);
+      issue_rows_swizzled<kD, kD, kThreads>(st, p.dh + slot(p, place, hv + 1) * kD * kD, kD, kD);
       cp_async_commit();
     } else if (!std::is_same_v<In, bf16> && p.l2norm) {  // f16 rows of the l2norm's backward
       for (int which = 0; which < 2; ++which)
@@ -580,7 +591,7 @@ void launch_grad_chunk(const Params& p, cudaStream_t stream) {
   auto kernel = grad_chunk_kernel<In>;
   GDN_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, GradSmem::bytes));
-  kernel<<<dim3(p.NC, p.HK), kThreads, GradSmem::bytes, stream>>>(p);
+  kernel<<<dim3(p.round_slots, p.HK), kThreads, GradSmem::bytes, stream>>>(p);
   GDN_CUDA_CHECK_LAUNCH();
 }
 

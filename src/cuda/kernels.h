@@ -6,7 +6,8 @@
 //           state_forward<output or save>
 // backward: chunk_table, {chunk_prep, [state_forward<summary>, fold<states>]},
 //           (state_forward<recompute>),
-//           [state_backward<summary>, fold<grad_states>], state_backward, grad_chunk
+//           [state_backward<summary>, fold<grad_states>], (state_backward, grad_chunk) in
+//           rounds, the last first (params.cuh: rounds; Params::round says which)
 // (the bracketed launches only when sequences are cut into segments, seg_count > 1, or carry
 // states across ranks; the braced ones not when the backward reads the forward's workspace, the
 // parenthesized one not when that forward ran Pass::save; a backward reading the forward's

@@ -24,6 +24,12 @@ struct ChunkInfo {
   int index;  // chunk index within its sequence
 };
 
+// The chunk at a place of a round's dh and dVn (Params: rounds); len 0 past the round's chunks.
+struct RoundChunk {
+  int cid;
+  ChunkInfo info;
+};
+
 struct Params {
   // Shapes. N sequences; NC chunk slots (an upper bound on the chunk count); each sequence cut
   // into at most seg_count segments of seg_len chunks, the transfer summary of a segment into
@@ -90,14 +96,23 @@ struct Params {
   // Backward.
   const void* d_o;   // [B, T, HV, V]  In
   const float* dht;  // [N, HV, K, V]  optional
-  bf16* dh;          // [NC, HV, V, K]   gradient of the state leaving each chunk, transposed
-  bf16* dvn;         // [NC, HV, 64, V]  dVn
-  void* dq;          // [B, T, HK, K]  In
-  void* dk;          // [B, T, HK, K]  In
-  void* dv;          // [B, T, HV, V]  In
-  float* dg;         // [B, T, HV]
-  void* dbeta;       // [B, T, HV]     beta_code
-  float* dh0;        // [N, HV, K, V]  optional
+  // The gradient pass runs in rounds (segments.h: RoundPlan), the last first: launch `round` of
+  // `rounds` runs chunks [round round_len, (round + 1) round_len) of every segment. dh and dVn
+  // hold one round's chunks, at the chunk's place in its round: segment z's chunks from
+  // round_first[round Z + z] on (Z = N seg_count), the chunk at each place in round_chunks
+  // (chunk_table). Between rounds a segment's state gradient waits in round_dstate.
+  int rounds, round_len, round_slots, round;
+  int* round_first;          // [rounds, Z]
+  RoundChunk* round_chunks;  // [rounds, round_slots]
+  float* round_dstate;       // [Z, HV, K, V]  (rounds > 1)
+  bf16* dh;     // [round_slots, HV, V, K]  the gradient of the state leaving a chunk, transposed
+  bf16* dvn;    // [round_slots, HV, 64, V]  dVn
+  void* dq;     // [B, T, HK, K]  In
+  void* dk;     // [B, T, HK, K]  In
+  void* dv;     // [B, T, HV, V]  In
+  float* dg;    // [B, T, HV]
+  void* dbeta;  // [B, T, HV]     beta_code
+  float* dh0;   // [N, HV, K, V]  optional
 
   // The forward workspace's header (delta_rule.cu says why). `header` describes this call; the
   // chunk table kernel writes it at header_out (the first bytes of a forward's workspace), or,
@@ -121,6 +136,24 @@ __device__ inline long long v_row(const Params& p, int b, int t, int hv) {
 }
 __device__ inline long long slot(const Params& p, int cid, int hv) {
   return static_cast<long long>(cid) * p.HV + hv;
+}
+
+// Segment k = z % seg_count of sequence n = z / seg_count: its chunk slots first .. first +
+// chunks - 1 (chunks <= 0: past the sequence's end), and whether it is the sequence's first or
+// last.
+struct Segment {
+  int n, k, first, chunks;
+  bool is_first, is_last;
+};
+__device__ inline Segment segment(const Params& p, int z) {
+  const int n = z / p.seg_count, k = z % p.seg_count, begin = p.chunk_begin[n] + k * p.seg_len;
+  const int end = min(p.chunk_begin[n + 1], begin + p.seg_len);
+  return {n, k, begin, end - begin, k == 0, end == p.chunk_begin[n + 1]};
+}
+
+// The place of segment z's first chunk in round p.round's dh, dVn.
+__device__ inline int round_place(const Params& p, int z) {
+  return p.round_first[static_cast<long long>(p.round) * p.N * p.seg_count + z];
 }
 
 // Whether sequence n enters with a carried state, or leaves one, and its chain.

@@ -38,6 +38,13 @@ constexpr std::int64_t kGradSummaryStep = 26, kGradStep = 37, kFoldStep = 6, kFo
 // (T = 4096 at 32 heads keeps 3 segments, T = 65536 at 2 heads 34 for inference).
 constexpr std::int64_t kBlockStart = 40;
 constexpr std::int64_t kMaxParts = 8;
+// Bytes of a chunk's dh and dVn (bf16 128 x 128 and 64 x 128), and of a state gradient carried
+// between rounds (f32 128 x 128), a value head; a round's dh and dVn at most. Each round costs
+// 50-70 us (its two launches start with every block in step, and grad_chunk's last wave runs
+// part empty; bench/RESULTS.md, seventeenth session): at T = 65536 with 32 value heads 2 rounds
+// take 8.0 -> 8.09 ms for 0.75 GiB less, 4 rounds 8.2 ms for 1.1 GiB less.
+constexpr std::int64_t kSlotBytes = 48 << 10, kCarryBytes = 64 << 10;
+constexpr std::int64_t kRoundBytes = std::int64_t{768} << 20;
 
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
   return (a + b - 1) / b;
@@ -106,6 +113,20 @@ SegmentPlan plan_segments(std::int64_t heads, std::int64_t longest, bool carried
   if (plans.size() >= 4096) plans.clear();
   return plans[key] = search(std::max<std::int64_t>(heads, 1), longest, carried, training,
                              std::max(1, multiprocessors));
+}
+
+RoundPlan plan_rounds(std::int64_t segments, std::int64_t segment_length, std::int64_t chunk_slots,
+                      std::int64_t value_heads) {
+  const RoundPlan whole{1, static_cast<int>(segment_length), chunk_slots};
+  // The longest round within the bytes, then as many rounds of equal length as that takes.
+  const std::int64_t longest =
+      std::max<std::int64_t>(1, kRoundBytes / (segments * value_heads * kSlotBytes));
+  RoundPlan rounds;
+  rounds.count = static_cast<int>(ceil_div(segment_length, longest));
+  rounds.length = static_cast<int>(ceil_div(segment_length, rounds.count));
+  rounds.slots = std::min(chunk_slots, segments * rounds.length);
+  const std::int64_t cut = (rounds.slots * kSlotBytes + segments * kCarryBytes) * value_heads;
+  return rounds.count > 1 && cut < chunk_slots * value_heads * kSlotBytes ? rounds : whole;
 }
 
 }  // namespace gdn::cuda

@@ -26,4 +26,17 @@ struct SegmentPlan {
 SegmentPlan plan_segments(std::int64_t heads, std::int64_t longest, bool carried, bool training,
                           int multiprocessors);
 
+// The backward's gradient pass (state_backward, then grad_chunk) runs in `count` rounds, the
+// last first, each over `length` chunks of every segment, so that dh and dVn hold one round's
+// chunks (`slots` of them a value head) instead of the call's; between rounds each segment's
+// state gradient waits in a [K][V] f32 matrix a (segment, value head).
+struct RoundPlan {
+  int count = 1, length = 1;
+  std::int64_t slots = 0;
+};
+
+// segments: sequences x segments of segment_length chunks; chunk_slots: the chunk slots planned.
+RoundPlan plan_rounds(std::int64_t segments, std::int64_t segment_length, std::int64_t chunk_slots,
+                      std::int64_t value_heads);
+
 }  // namespace gdn::cuda

@@ -1,6 +1,7 @@
 // The reverse chunk-serial pass for the state gradient, the gradient dS of the state leaving the
-// chunk held transposed in registers (state_pass.cuh). Per chunk (spec 3, by hand; W = A diag(beta
-// e) K, P from chunk_prep with scale folded in):
+// chunk held transposed in registers (state_pass.cuh), over this round's chunks of each segment
+// (params.cuh: rounds), from and to the state gradient the rounds hand on. Per chunk (spec 3, by
+// hand; W = A diag(beta e) K, P from chunk_prep with scale folded in):
 //   dh[c] = dS,  dVn = P^T dO + diag(f) K dS,
 //   dS_in = gamma dS + Q^T diag(scale e) dO - W^T dVn,
 // computed transposed: dVn^T = dO^T P + dS^T K^T diag(f), W^T-term = ((dVn^T A) diag(beta e)) K,
@@ -23,8 +24,13 @@ __global__ void __launch_bounds__(kThreads, 1) state_backward_kernel(Params p) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int hv = blockIdx.x, z = blockIdx.y, vw = 16 * warp;
   const Segment seg = segment(p, z);
-  if (seg.chunks <= 0 || (kSummary && !has_grad_offset(p, seg))) return;
-  const int first = seg.first, chunks = seg.chunks;
+  // The chunks this block runs: the segment's (a summary), or its part in this round, whose
+  // dh and dVn go to the round's places from `place` on.
+  const int lo = kSummary ? 0 : p.round * p.round_len;
+  const int hi = kSummary ? seg.chunks : min(seg.chunks, lo + p.round_len);
+  if (lo >= hi || (kSummary && !has_grad_offset(p, seg))) return;
+  const int first = seg.first + lo, chunks = hi - lo;
+  [[maybe_unused]] const int place = kSummary ? 0 : round_place(p, z);
   const int c = 2 * (lane % 4);
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* smem = align_1024(smem_raw);
@@ -42,6 +48,8 @@ __global__ void __launch_bounds__(kThreads, 1) state_backward_kernel(Params p) {
   Acc dS[16];
   if (kSummary && !seg.is_last)
     load_state(dS, nullptr, vw);
+  else if (hi < seg.chunks)  // from the round after this one
+    load_state(dS, segment_matrix(p.round_dstate, p, z, hv), vw);
   else if (seg.is_last)
     load_state(dS, sequence_matrix(p.dht, p, seg.n, hv), vw);
   else
@@ -50,7 +58,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_backward_kernel(Params p) {
   for (int step = 0; step < chunks; ++step) {
     wait_tiles(pipe, step);
     const Tiles t = tiles(smem, step % kStages);
-    [[maybe_unused]] const long long s = slot(p, first + chunks - 1 - step, hv);
+    [[maybe_unused]] const long long s = slot(p, place + chunks - 1 - step, hv);  // dh, dVn
 
     std::uint32_t da[8][4];
     state_to_a(da, dS);
@@ -127,6 +135,8 @@ __global__ void __launch_bounds__(kThreads, 1) state_backward_kernel(Params p) {
     store_state(seg.is_last && !seg.is_first ? segment_matrix(p.seg_dstate, p, z - 1, hv)
                                              : segment_matrix(p.seg_dlocal, p, z, hv),
                 vw, dS);
+  else if (lo > 0)  // for the round before this one
+    store_state(segment_matrix(p.round_dstate, p, z, hv), vw, dS);
   else if (p.dh0 && seg.is_first)
     store_state(sequence_matrix(p.dh0, p, seg.n, hv), vw, dS);
 }

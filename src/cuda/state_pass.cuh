@@ -41,18 +41,6 @@ struct Stage {
 };
 static_assert(Stage::smem_bytes <= 227 * 1024, "one block fits in a Hopper SM's shared memory");
 
-// Segment k = z % seg_count of sequence n = z / seg_count (blockIdx.y = z): its chunk slots first
-// .. first + chunks - 1 (chunks <= 0: past the sequence's end), and whether it is the sequence's
-// first or last.
-struct Segment {
-  int n, k, first, chunks;
-  bool is_first, is_last;
-};
-__device__ inline Segment segment(const Params& p, int z) {
-  const int n = z / p.seg_count, k = z % p.seg_count, begin = p.chunk_begin[n] + k * p.seg_len;
-  const int end = min(p.chunk_begin[n + 1], begin + p.seg_len);
-  return {n, k, begin, end - begin, k == 0, end == p.chunk_begin[n + 1]};
-}
 // Which segments the summary passes run (spec 4). Forward: the offset N_k of every segment but
 // the last, and of the last too when its sequence leaves to the next rank; the transfer M_k of
 // the middle segments, of the first when its sequence enters from the previous rank, of the last
