@@ -1,7 +1,8 @@
 // Times the CUDA delta rule (forward, forward + backward) at the reference shapes, then at
 // T=65536 with strong and with weak gates and with 2 value heads, with CUDA events: 3 warm-ups,
 // the median of 10 runs, two input sets alternated (each larger than L2). With arguments
-// B T HK HV [strong|weak], only that row.
+// B T HK HV [strong|weak|model] [N], only that row; N > 0 (B = 1) cuts T into N sequences of
+// about equal length (varlen, the offsets also on the host).
 //
 // FLOPs (forward, per chunk of C tokens per value head, tensor-core GEMMs at 2 FLOP per MAC,
 // FLA's form plus the C^3/3 of the triangular inverse):
@@ -12,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "cuda_bench.cuh"
 #include "gdn/cuda.h"
@@ -26,8 +28,17 @@ const char* gates_name(Gates g) {
   return g == model ? "" : g == strong ? " strong gates" : " weak gates";
 }
 
-void run(std::int64_t B, std::int64_t T, std::int64_t HK, std::int64_t HV, Gates gates = model) {
+void run(std::int64_t B, std::int64_t T, std::int64_t HK, std::int64_t HV, Gates gates = model,
+         std::int64_t sequences = 0) {
   constexpr std::int64_t K = 128, V = 128, C = 64;
+  std::vector<std::int32_t> offsets;  // varlen: sequence n is tokens [n T / N, (n + 1) T / N)
+  for (std::int64_t n = 0; sequences > 0 && n <= sequences; ++n)
+    offsets.push_back(static_cast<std::int32_t>(n * T / sequences));
+  const std::int64_t N = sequences > 0 ? sequences : B;
+  Buffer cu(offsets.size() * 4 + 4);
+  GDN_CUDA_CHECK(cudaMemcpy(cu.data, offsets.data(), offsets.size() * 4, cudaMemcpyHostToDevice));
+  const gdn::TensorRef cu_host =
+      sequences > 0 ? gdn::TensorRef{offsets.data(), DType::i32, {N + 1}} : gdn::TensorRef{};
   const long long qk = B * T * HK * K, vv = B * T * HV * V, gate = B * T * HV;
   struct Set {
     Buffer q, k, v, g, beta, d_o;
@@ -44,7 +55,7 @@ void run(std::int64_t B, std::int64_t T, std::int64_t HK, std::int64_t HV, Gates
     fill(set->d_o, vv, 0, 10 * s + 6);
     sets.push_back(set);
   }
-  Buffer o(vv * 2), ht(B * HV * K * V * 4), dq(qk * 2), dk(qk * 2), dv(vv * 2), dg(gate * 4),
+  Buffer o(vv * 2), ht(N * HV * K * V * 4), dq(qk * 2), dk(qk * 2), dv(vv * 2), dg(gate * 4),
       dbeta(gate * 2);
   auto inputs = [&](int i) {
     const Set& s = *sets[i % 2];
@@ -55,21 +66,23 @@ void run(std::int64_t B, std::int64_t T, std::int64_t HK, std::int64_t HV, Gates
     in.g = ref(s.g, DType::f32, {B, T, HV});
     in.beta = ref(s.beta, DType::bf16, {B, T, HV});
     in.use_qk_l2norm = true;
+    if (sequences > 0) in.cu_seqlens = ref(cu, DType::i32, {N + 1});
     return in;
   };
   const gdn::DeltaRuleOutputs out{ref(o, DType::bf16, {B, T, HV, V}),
-                                  ref(ht, DType::f32, {B, HV, K, V})};
+                                  ref(ht, DType::f32, {N, HV, K, V})};
   // fwd: the inference forward. fwd+bwd: the training path, a forward that saves its states
   // for the backward, which reads the forward's workspace.
-  const std::size_t ws_fwd = gdn::delta_rule_forward_cuda_workspace(inputs(0));
-  const std::size_t ws_train = gdn::delta_rule_forward_cuda_workspace(inputs(0), {}, true);
-  const std::size_t ws_bwd = gdn::delta_rule_backward_cuda_workspace(inputs(0), {}, true, true);
+  const std::size_t ws_fwd = gdn::delta_rule_forward_cuda_workspace(inputs(0), cu_host);
+  const std::size_t ws_train = gdn::delta_rule_forward_cuda_workspace(inputs(0), cu_host, true);
+  const std::size_t ws_bwd =
+      gdn::delta_rule_backward_cuda_workspace(inputs(0), cu_host, true, true);
   Buffer ws(ws_train), ws_back(ws_bwd);
   cudaStream_t stream;
   GDN_CUDA_CHECK(cudaStreamCreate(&stream));
-  gdn::CudaContext ctx{stream, ws.data, ws_fwd, {}};
-  gdn::CudaContext train{stream, ws.data, ws.bytes, {}, nullptr, 0, true};
-  gdn::CudaContext back{stream, ws_back.data, ws_back.bytes, {}, ws.data, ws.bytes, true};
+  gdn::CudaContext ctx{stream, ws.data, ws_fwd, cu_host};
+  gdn::CudaContext train{stream, ws.data, ws.bytes, cu_host, nullptr, 0, true};
+  gdn::CudaContext back{stream, ws_back.data, ws_back.bytes, cu_host, ws.data, ws.bytes, true};
 
   const double fwd =
       median_ms([&](int i) { gdn::delta_rule_forward_cuda(inputs(i), out, ctx); }, stream);
@@ -92,14 +105,16 @@ void run(std::int64_t B, std::int64_t T, std::int64_t HK, std::int64_t HV, Gates
   const double flops =
       chunks * (2.0 * (3 * C * C * K + 2 * C * C * V + 3 * C * K * V) + C * C * C / 3.0);
   const double io = 2.0 * (2 * qk + vv + gate) * 2 / 2 + gate * 4 + vv * 2;  // in + o bytes
+  const std::string varlen = sequences > 0 ? " " + std::to_string(sequences) + " sequences" : "";
   std::printf(
-      "gdn-cuda B=%lld T=%lld HK=%lld HV=%lld%s: fwd %.3f ms (%.1f TFLOP/s, workspace %.2f GiB) | "
+      "gdn-cuda B=%lld T=%lld HK=%lld HV=%lld%s%s: fwd %.3f ms (%.1f TFLOP/s, workspace %.2f GiB) "
+      "| "
       "fwd+bwd %.3f ms (%.1f TFLOP/s at 4F, workspaces %.2f + %.2f GiB) | inputs+outputs %.2f "
       "GiB\n",
       static_cast<long long>(B), static_cast<long long>(T), static_cast<long long>(HK),
-      static_cast<long long>(HV), gates_name(gates), fwd, flops / fwd / 1e9, ws_fwd / 1073741824.0,
-      fwd_bwd, 4 * flops / fwd_bwd / 1e9, ws_train / 1073741824.0, ws_bwd / 1073741824.0,
-      io / 1073741824.0);
+      static_cast<long long>(HV), gates_name(gates), varlen.c_str(), fwd, flops / fwd / 1e9,
+      ws_fwd / 1073741824.0, fwd_bwd, 4 * flops / fwd_bwd / 1e9, ws_train / 1073741824.0,
+      ws_bwd / 1073741824.0, io / 1073741824.0);
   std::fflush(stdout);
   GDN_CUDA_CHECK(cudaStreamDestroy(stream));
   for (Set* s : sets) delete s;
@@ -110,18 +125,19 @@ void run(std::int64_t B, std::int64_t T, std::int64_t HK, std::int64_t HV, Gates
 int main(int argc, char** argv) {
   try {
     if (argc > 1) {
-      const std::string g = argc > 5 ? argv[5] : "";
+      const std::string g = argc > 5 ? argv[5] : "model";
       const long long B = std::atoll(argv[1]), T = argc > 2 ? std::atoll(argv[2]) : 0,
                       HK = argc > 3 ? std::atoll(argv[3]) : 0,
-                      HV = argc > 4 ? std::atoll(argv[4]) : 0;
-      if (argc > 6 || B < 1 || T < 1 || HK < 1 || HV < 1 || HV % HK != 0 ||
-          (argc > 5 && g != "strong" && g != "weak")) {
-        std::fprintf(
-            stderr,
-            "usage: bench_cuda [B T HK HV [strong|weak]] (positive sizes, HK dividing HV)\n");
+                      HV = argc > 4 ? std::atoll(argv[4]) : 0,
+                      N = argc > 6 ? std::atoll(argv[6]) : 0;
+      if (argc > 7 || B < 1 || T < 1 || HK < 1 || HV < 1 || HV % HK != 0 ||
+          (g != "strong" && g != "weak" && g != "model") || N < 0 || N > T || (N > 0 && B != 1)) {
+        std::fprintf(stderr,
+                     "usage: bench_cuda [B T HK HV [strong|weak|model] [N]] (positive sizes, HK "
+                     "dividing HV; N sequences, at most T, with B = 1)\n");
         return 2;
       }
-      run(B, T, HK, HV, g == "strong" ? strong : g == "weak" ? weak : model);
+      run(B, T, HK, HV, g == "strong" ? strong : g == "weak" ? weak : model, N);
       return 0;
     }
     run(1, 4096, 16, 32);

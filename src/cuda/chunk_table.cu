@@ -52,6 +52,28 @@ __device__ void poison_gradients(const Params& p) {
   fill(p.dh0, static_cast<long long>(p.N) * p.HV * kD * kD, nan32);
 }
 
+// The exclusive prefix sum of x over the block's threads (in thread order), and the block's
+// total in *total, by every thread.
+__device__ int block_exclusive_sum(int x, int* total) {
+  __shared__ int warp_sums[32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  int inclusive = x;
+  for (int d = 1; d < 32; d *= 2) {
+    const int y = __shfl_up_sync(0xffffffffu, inclusive, d);
+    if (lane >= d) inclusive += y;
+  }
+  if (lane == 31) warp_sums[warp] = inclusive;
+  __syncthreads();
+  int before = 0, all = 0;
+  for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) {
+    before += w < warp ? warp_sums[w] : 0;
+    all += warp_sums[w];
+  }
+  __syncthreads();  // warp_sums is free for the next call
+  *total = all;
+  return before + inclusive - x;
+}
+
 // Leaves every sequence without chunks: no later kernel computes anything.
 __device__ void empty_table(const Params& p) {
   for (int n = 0; n <= p.N; ++n) p.chunk_begin[n] = 0;
@@ -71,11 +93,14 @@ __device__ void empty_table(const Params& p) {
 __global__ void chunk_table_kernel(Params p) {
   __shared__ int bad_field;     // the first header field that differs, or kHeaderFields
   __shared__ int bad_sequence;  // the first sequence whose offsets differ, or N
-  if (threadIdx.x == 0) {
-    if (p.header_out) *p.header_out = p.header;
-    int total = 0;
-    bool valid = true;
-    for (int n = 0; n < p.N; ++n) {
+  if (threadIdx.x == 0 && p.header_out) *p.header_out = p.header;
+  // The sequences, a block's worth at a time, each by a thread; chunk_begin by a block-wide sum.
+  int chunks_so_far = 0;
+  bool valid = true;
+  for (int base = 0; base < p.N; base += blockDim.x) {
+    const int n = base + threadIdx.x;
+    int chunks = 0;
+    if (n < p.N) {
       int begin = 0, len = p.T;
       if (p.cu_seqlens) {
         const long long b0 = p.cu_seqlens_i64 ? static_cast<const long long*>(p.cu_seqlens)[n]
@@ -89,11 +114,18 @@ __global__ void chunk_table_kernel(Params p) {
               (n < p.N - 1 || begin + len == p.T);
       p.seq_begin[n] = begin;
       p.seq_len[n] = len;
-      p.chunk_begin[n] = total;
-      total += (len + kC - 1) / kC;
+      chunks = (len + kC - 1) / kC;
     }
-    p.chunk_begin[p.N] = total;
-    if (!valid || total > p.NC) empty_table(p);
+    int tile_total = 0;
+    const int before = block_exclusive_sum(chunks, &tile_total);
+    if (n < p.N) p.chunk_begin[n] = chunks_so_far + before;
+    chunks_so_far += tile_total;
+  }
+  valid = __syncthreads_and(valid) && chunks_so_far <= p.NC;
+  if (!valid)  // each thread its own sequences, as written above
+    for (int n = threadIdx.x; n < p.N; n += blockDim.x) p.chunk_begin[n] = 0, p.seq_len[n] = 0;
+  if (threadIdx.x == 0) {
+    p.chunk_begin[p.N] = valid ? chunks_so_far : 0;
     bad_field = kHeaderFields;
     bad_sequence = p.N;
     if (p.saved_header) {
@@ -126,12 +158,17 @@ __global__ void chunk_table_kernel(Params p) {
   }
   const int total = p.chunk_begin[p.N];
   const int segments = p.N * p.seg_count;
-  if (p.round_first) {  // the backward rounds' tables (params.cuh): where each round's chunks go
-    for (int r = threadIdx.x; r < p.rounds; r += blockDim.x) {  // a round a thread
-      int at = 0;
-      for (int z = 0; z < segments; ++z) {
-        p.round_first[r * segments + z] = at;
-        at += min(max(segment(p, z).chunks - r * p.round_len, 0), p.round_len);
+  if (p.round_first) {    // the backward rounds' tables (params.cuh): where each round's chunks go
+    if (p.rounds == 1) {  // one round of whole segments: a chunk's place is its slot
+      for (int z = threadIdx.x; z < segments; z += blockDim.x)
+        p.round_first[z] = segment(p, z).first;
+    } else {  // a round a thread, over the segments (rounds run only where segments are long)
+      for (int r = threadIdx.x; r < p.rounds; r += blockDim.x) {
+        int at = 0;
+        for (int z = 0; z < segments; ++z) {
+          p.round_first[r * segments + z] = at;
+          at += min(max(segment(p, z).chunks - r * p.round_len, 0), p.round_len);
+        }
       }
     }
     const long long places = static_cast<long long>(p.rounds) * p.round_slots;
