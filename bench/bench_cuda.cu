@@ -1,5 +1,6 @@
 // Times the CUDA delta rule (forward, forward + backward) at the reference shapes, then at
-// T=65536 with strong and with weak gates and with 2 value heads, with CUDA events: 3 warm-ups,
+// T=65536 with strong and with weak gates, with 2 value heads and as 1024 sequences of 64 tokens,
+// with CUDA events: 3 warm-ups,
 // the median of 10 runs, two input sets alternated (each larger than L2). With arguments
 // B T HK HV [strong|weak|model] [N], only that row; N > 0 (B = 1) cuts T into N sequences of
 // about equal length (varlen, the offsets also on the host).
@@ -147,6 +148,7 @@ int main(int argc, char** argv) {
     run(1, 65536, 16, 32, strong);
     run(1, 65536, 16, 32, weak);
     run(1, 65536, 1, 2);  // few heads, long T: the case that needs in-GPU parallelism most
+    run(1, 65536, 16, 32, model, 1024);  // packed short sequences (varlen)
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_cuda: %s\n", e.what());
     return 1;
