@@ -1,9 +1,8 @@
 // Times the CUDA delta rule (forward, forward + backward) at the reference shapes, then at
 // T=65536 with strong and with weak gates, with 2 value heads and as 1024 sequences of 64 tokens,
 // with CUDA events: 3 warm-ups, the median of 10 runs, two input sets alternated (each larger
-// than L2). With arguments
-// B T HK HV [strong|weak|model] [N], only that row; N > 0 (B = 1) cuts T into N sequences of
-// about equal length (varlen, the offsets also on the host).
+// than L2). With arguments B T HK HV [strong|weak|model] [N], only that row; N > 0 (B = 1) cuts
+// T into N sequences of about equal length (varlen, the offsets also on the host).
 //
 // FLOPs (forward, per chunk of C tokens per value head, tensor-core GEMMs at 2 FLOP per MAC,
 // FLA's form plus the C^3/3 of the triangular inverse):
