@@ -3,7 +3,8 @@ against a float64 reference, on the same inputs.
 
     python3 bench/peers.py                 # every peer, each in its own process; a table last
     python3 bench/peers.py --peers gdn,fla --part speed   # some peers, one part
-    python3 bench/peers.py --part speed --shapes 1x65536x1x2   # some speed rows (BxTxHKxHV)
+    python3 bench/peers.py --part speed --shapes 1x65536x1x2   # some speed rows (BxTxHKxHV;
+                                           # 1xTxHKxHVxN: T packed as N sequences, varlen)
     python3 bench/peers.py --peer fla      # one peer's speed in this process (gdn, fla,
                                            # flashqla, flashqla-nocp, transformers)
     bash bench/gpu_peers.sh --part speed   # on the GPU machine: the carried wheels installed
@@ -207,21 +208,30 @@ def timing_inputs(B, T, HK, HV):
 
 def speed(fn, max_tokens, shapes):
     rows = []
-    for B, T, HK, HV in shapes:
+    for shape in shapes:
+        B, T, HK, HV = shape[:4]
+        N = shape[4] if len(shape) > 4 else 0  # varlen: T cut into N sequences of about equal length
         if B * T > max_tokens:
             continue
         q, k, v, g, beta, d_o = timing_inputs(B, T, HK, HV)
-        forward = lambda: fn(q, k, v, g, beta, use_qk_l2norm_in_kernel=True)  # noqa: E731
+        cu = (torch.tensor([n * T // N for n in range(N + 1)], dtype=torch.int64, device="cuda")
+              if N else None)
+        forward = lambda: fn(q, k, v, g, beta, cu_seqlens=cu,  # noqa: E731
+                             use_qk_l2norm_in_kernel=True)
 
         def both():
             o, _ = forward()
             torch.autograd.grad(o, (q, k, v, g, beta), d_o)
 
-        with torch.no_grad():
-            fwd, how_f = replay_ms(forward)
-        fb, how_b = replay_ms(both)
+        try:
+            with torch.no_grad():
+                fwd, how_f = replay_ms(forward)
+            fb, how_b = replay_ms(both)
+        except NotImplementedError:  # a peer without cu_seqlens (transformers' loop)
+            continue
         how = how_f if how_f == how_b else f"{how_f}/{how_b}"
-        rows.append((f"B={B} T={T} HK={HK} HV={HV}", fwd, fb, how))
+        rows.append((f"B={B} T={T} HK={HK} HV={HV}" + (f" {N} sequences" if N else ""), fwd, fb,
+                     how))
         del q, k, v, g, beta, d_o
         torch.cuda.empty_cache()
     return rows
@@ -263,21 +273,28 @@ def run_peer(peer, part, work, shapes):
 
 
 def format_shapes(shapes):
-    """[(1, 65536, 1, 2), (8, 8192, 16, 32)] -> "1x65536x1x2,8x8192x16x32" (parse_shapes' input)."""
+    """[(1, 65536, 1, 2), (1, 65536, 16, 32, 1024)] -> "1x65536x1x2,1x65536x16x32x1024"
+    (parse_shapes' input)."""
     return ",".join("x".join(map(str, shape)) for shape in shapes)
 
 
 def parse_shapes(text):
-    """"1x65536x1x2,8x8192x16x32" -> [(1, 65536, 1, 2), (8, 8192, 16, 32)]."""
+    """"1x65536x1x2,1x65536x16x32x1024" -> [(1, 65536, 1, 2), (1, 65536, 16, 32, 1024)]: BxTxHKxHV,
+    or 1xTxHKxHVxN for T packed as N sequences."""
     shapes = []
     for item in text.split(","):
         sizes = item.split("x")
-        if len(sizes) != 4 or not all(x.isdigit() and int(x) > 0 for x in sizes):
-            raise argparse.ArgumentTypeError(f"shape {item!r}: expected BxTxHKxHV, positive")
-        B, T, HK, HV = map(int, sizes)
+        if len(sizes) not in (4, 5) or not all(x.isdigit() and int(x) > 0 for x in sizes):
+            raise argparse.ArgumentTypeError(
+                f"shape {item!r}: expected BxTxHKxHV or 1xTxHKxHVxN, positive")
+        shape = tuple(map(int, sizes))
+        B, T, HK, HV = shape[:4]
         if HV % HK:
             raise argparse.ArgumentTypeError(f"shape {item!r}: HK={HK} must divide HV={HV}")
-        shapes.append((B, T, HK, HV))
+        if len(shape) == 5 and (B != 1 or shape[4] > T):
+            raise argparse.ArgumentTypeError(
+                f"shape {item!r}: N={shape[4]} sequences need B=1 and N <= T={T}")
+        shapes.append(shape)
     return shapes
 
 
@@ -294,7 +311,8 @@ def main():
                         help="the driver's peers, comma-separated (default: all but "
                         "flashqla-nocp, whose kernels TileLang compiles apart)")
     parser.add_argument("--shapes", type=parse_shapes, default=SPEED_SHAPES,
-                        help="the speed part's shapes, BxTxHKxHV comma-separated (default: "
+                        help="the speed part's shapes, BxTxHKxHV or 1xTxHKxHVxN (T as N "
+                        "sequences) comma-separated (default: "
                         + format_shapes(SPEED_SHAPES) + ")")
     args = parser.parse_args()
     if args.make_reference:
