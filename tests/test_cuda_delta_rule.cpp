@@ -44,6 +44,14 @@ HostTensor repeat_heads(const HostTensor& x, int axis, int copies) {
   return y;
 }
 
+// The current device's multiprocessors (the segment and round plans depend on them).
+int multiprocessors() {
+  int device = 0, sms = 0;
+  GDN_CUDA_CHECK(cudaGetDevice(&device));
+  GDN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return sms;
+}
+
 // With reuse_forward, the backward reads the forward's workspace instead of recomputing it; with
 // save, that forward also saved the per-chunk states and Vn.
 // host_offsets = false: cu_seqlens only on the device (the workspace sized from shapes alone).
@@ -211,9 +219,7 @@ TEST(CudaDeltaRule, TwoPartOperandsKeepTheErrorsLow) {
 // runs the one group; a part composed in the wrong order or left out would show in every copy.
 TEST(CudaDeltaRule, TransferParts) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  int device = 0, sms = 0;
-  GDN_CUDA_CHECK(cudaGetDevice(&device));
-  GDN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int sms = multiprocessors();
   EXPECT_GT(cuda::plan_segments(32, 8192 / 64, false, true, sms).parts, 1);
   EXPECT_GT(cuda::plan_segments(32, 20480 / 64, false, false, sms).parts, 1);
   check_problem(base(8192, 1, 2), true, true, true, nullptr, nullptr, 16);
@@ -228,9 +234,7 @@ TEST(CudaDeltaRule, TransferParts) {
 // two empty).
 TEST(CudaDeltaRule, BackwardRounds) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  int device = 0, sms = 0;
-  GDN_CUDA_CHECK(cudaGetDevice(&device));
-  GDN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int sms = multiprocessors();
   Problem p = base(0, 1, 2);
   p.seqlens = {9050, 100, 9000};
   for (auto n : p.seqlens) p.T += n;

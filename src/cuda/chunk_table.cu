@@ -158,17 +158,18 @@ __global__ void chunk_table_kernel(Params p) {
   }
   const int total = p.chunk_begin[p.N];
   const int segments = p.N * p.seg_count;
-  if (p.round_first) {    // the backward rounds' tables (params.cuh): where each round's chunks go
-    if (p.rounds == 1) {  // one round of whole segments: a chunk's place is its slot
-      for (int z = threadIdx.x; z < segments; z += blockDim.x)
-        p.round_first[z] = segment(p, z).first;
-    } else {  // a round a thread, over the segments (rounds run only where segments are long)
-      for (int r = threadIdx.x; r < p.rounds; r += blockDim.x) {
-        int at = 0;
-        for (int z = 0; z < segments; ++z) {
-          p.round_first[r * segments + z] = at;
-          at += min(max(segment(p, z).chunks - r * p.round_len, 0), p.round_len);
-        }
+  if (p.round_first) {  // the backward rounds' tables (params.cuh): where each round's chunks go
+    for (int r = 0; r < p.rounds; ++r) {  // a segment's place: a block-wide sum of counts
+      int places_so_far = 0;
+      for (int base = 0; base < segments; base += blockDim.x) {
+        const int z = base + threadIdx.x;
+        const int count =
+            z < segments ? min(max(segment(p, z).chunks - r * p.round_len, 0), p.round_len) : 0;
+        int tile_total = 0;
+        const int before = block_exclusive_sum(count, &tile_total);
+        if (z < segments)
+          p.round_first[static_cast<long long>(r) * segments + z] = places_so_far + before;
+        places_so_far += tile_total;
       }
     }
     const long long places = static_cast<long long>(p.rounds) * p.round_slots;
