@@ -145,8 +145,10 @@ __global__ void __launch_bounds__(kThreads, 4) chunk_prep_kernel(Params p) {
 
   // f16 q, k to bf16, in place and to qn_copy, kn_copy (rows < len; bf16 ones are read where
   // they are); r = rsqrt(sum x^2 + 1e-6) with l2norm (spec 1), else 1, to rq, rk and to shared
-  // memory; padded rows stay zero. Half a warp per row and 8 elements (16 bytes) a lane: 8 rows
-  // of q and of k per pass, sums over 16 lanes.
+  // memory; padded rows stay zero. Half a warp per row and 8 elements (16 bytes) a lane: a thread
+  // takes piece tid % 16 of rows tid / 16 + 8 j of q and of k, and the 16 sums over half-warps
+  // are reduced together, so that their shuffles overlap (one row at a time, their latency was a
+  // third of the kernel's stalls).
   const long long row = qk_row(p, b, t0, hk);
   issue_rows<kD, kC, kThreads>(ks, kLdH, static_cast<const In*>(p.k) + row * kD, p.HK * kD, len);
   issue_rows<kD, kC, kThreads>(qs, kLdH, static_cast<const In*>(p.q) + row * kD, p.HK * kD, len);
@@ -154,39 +156,49 @@ __global__ void __launch_bounds__(kThreads, 4) chunk_prep_kernel(Params p) {
   cp_async_wait<0>();
   __syncthreads();
   {
-    const int part = tid % 16;
-    for (int i = tid / 16; i < kC; i += kThreads / 16) {
-      bf16* x[2] = {qs + i * kLdH + part * 8, ks + i * kLdH + part * 8};
-      float value[2][8], sum[2] = {};
-      for (int w = 0; w < 2; ++w) {
-        const uint4 raw = *reinterpret_cast<const uint4*>(x[w]);
-        const In* in = reinterpret_cast<const In*>(&raw);
+    constexpr int kRows = kC / (kThreads / 16);  // rows of q (w = 0) and of k (w = 1) a thread
+    const int part = tid % 16, i0 = tid / 16;
+    float sum[2][kRows];
 #pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          value[w][e] = to_float(in[e]);
-          sum[w] += value[w][e] * value[w][e];
-        }
-      }
+    for (int j = 0; j < kRows; ++j)
+#pragma unroll
       for (int w = 0; w < 2; ++w) {
-        for (int offset = 8; offset > 0; offset /= 2)
-          sum[w] += __shfl_xor_sync(0xffffffffu, sum[w], offset);
-        const float r = p.l2norm ? rsqrtf(sum[w] + 1e-6f) : 1.0f;
+        const int i = i0 + 8 * j;
+        bf16* x = (w ? ks : qs) + i * kLdH + part * 8;
+        const uint4 raw = *reinterpret_cast<const uint4*>(x);
+        const In* in = reinterpret_cast<const In*>(&raw);
+        float s = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) s += to_float(in[e]) * to_float(in[e]);
+        sum[w][j] = s;
         if constexpr (!std::is_same_v<In, bf16>) {
           uint4 out;
           bf16* o = reinterpret_cast<bf16*>(&out);
 #pragma unroll
-          for (int e = 0; e < 8; ++e) o[e] = from_float<bf16>(value[w][e]);
-          *reinterpret_cast<uint4*>(x[w]) = out;
+          for (int e = 0; e < 8; ++e) o[e] = from_float<bf16>(to_float(in[e]));
+          *reinterpret_cast<uint4*>(x) = out;
           if (i < len)
             *reinterpret_cast<uint4*>((w ? p.kn_copy : p.qn_copy) + (row + i * p.HK) * kD +
                                       part * 8) = out;
         }
-        if (part == 0) {
+      }
+#pragma unroll
+    for (int offset = 8; offset > 0; offset /= 2)
+#pragma unroll
+      for (int j = 0; j < kRows; ++j)
+#pragma unroll
+        for (int w = 0; w < 2; ++w) sum[w][j] += __shfl_xor_sync(0xffffffffu, sum[w][j], offset);
+          // Lane `part` of the half-warp stores the factor of row (w, j) = (part / 8, part % 8).
+#pragma unroll
+    for (int j = 0; j < kRows; ++j)
+#pragma unroll
+      for (int w = 0; w < 2; ++w)
+        if (part == 8 * w + j) {
+          const int i = i0 + 8 * j;
+          const float r = p.l2norm ? rsqrtf(sum[w][j] + 1e-6f) : 1.0f;
           (w ? rk : rq)[i] = i < len ? r : 0.0f;
           if (i < len) (w ? p.rk : p.rq)[row + i * p.HK] = r;
         }
-      }
-    }
   }
   __syncthreads();
 
