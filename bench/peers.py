@@ -5,6 +5,7 @@ against a float64 reference, on the same inputs.
     python3 bench/peers.py --peers gdn,fla --part speed   # some peers, one part
     python3 bench/peers.py --part speed --shapes 1x65536x1x2   # some speed rows (BxTxHKxHV;
                                            # 1xTxHKxHVxN: T packed as N sequences, varlen)
+    python3 bench/peers.py --part speed --gates long   # the speed rows with long-memory gates
     python3 bench/peers.py --peer fla      # one peer's speed in this process (gdn, fla,
                                            # flashqla, flashqla-nocp, transformers)
     bash bench/gpu_peers.sh --part speed   # on the GPU machine: the carried wheels installed
@@ -96,6 +97,8 @@ def gates(kind, shape, gen):
         return -(0.1 + 2.0 * u)
     if kind == "weak":
         return -(1e-4 + 0.01 * u)
+    if kind == "long":  # long memory: a decay of e^-10 takes 20k tokens on average, 10k at least
+        return -(1e-5 + 1e-3 * u)
     if kind == "mixed":  # per head: half the heads strong, half weak
         g = -(1e-4 + 0.01 * u)
         g[..., ::2] = -(0.1 + 2.0 * u[..., ::2])
@@ -197,23 +200,23 @@ def replay_ms(body):
     return statistics.median(times), how
 
 
-def timing_inputs(B, T, HK, HV):
+def timing_inputs(B, T, HK, HV, kind="mixed"):
     """q, k, v, g, beta (leaves) and d_o on the GPU, as the timings take them."""
-    p = problem(B, T, HK, HV, seed=1)
+    p = problem(B, T, HK, HV, kind, seed=1)
     q, k, v = (p[n].cuda().bfloat16().requires_grad_() for n in ("q", "k", "v"))
     g = p["g"].cuda().float().requires_grad_()
     beta = p["beta"].cuda().bfloat16().requires_grad_()
     return q, k, v, g, beta, p["d_o"].cuda().bfloat16()
 
 
-def speed(fn, max_tokens, shapes):
+def speed(fn, max_tokens, shapes, kind):
     rows = []
     for shape in shapes:
         B, T, HK, HV = shape[:4]
         N = shape[4] if len(shape) > 4 else 0  # varlen: T cut into N sequences of about equal length
         if B * T > max_tokens:
             continue
-        q, k, v, g, beta, d_o = timing_inputs(B, T, HK, HV)
+        q, k, v, g, beta, d_o = timing_inputs(B, T, HK, HV, kind)
         cu = (torch.tensor([n * T // N for n in range(N + 1)], dtype=torch.int64, device="cuda")
               if N else None)
         forward = lambda: fn(q, k, v, g, beta, cu_seqlens=cu,  # noqa: E731
@@ -230,8 +233,8 @@ def speed(fn, max_tokens, shapes):
         except NotImplementedError:  # a peer without cu_seqlens (transformers' loop)
             continue
         how = how_f if how_f == how_b else f"{how_f}/{how_b}"
-        rows.append((f"B={B} T={T} HK={HK} HV={HV}" + (f" {N} sequences" if N else ""), fwd, fb,
-                     how))
+        rows.append((f"B={B} T={T} HK={HK} HV={HV}" + (f" {N} sequences" if N else "") +
+                      ("" if kind == "mixed" else f" {kind} gates"), fwd, fb, how))
         del q, k, v, g, beta, d_o
         torch.cuda.empty_cache()
     return rows
@@ -256,7 +259,7 @@ def profile(fn, B=1, T=65536, HK=16, HV=32):
     print(f"profile: one forward + backward at B={B} T={T} HK={HK} HV={HV}", flush=True)
 
 
-def run_peer(peer, part, work, shapes):
+def run_peer(peer, part, work, shapes, kind):
     fn = load(peer)
     if part == "profile":
         profile(fn)
@@ -264,7 +267,7 @@ def run_peer(peer, part, work, shapes):
         print(f"== {peer} ({torch.cuda.get_device_name()}, torch {torch.__version__})", flush=True)
         # transformers' torch loop is timed where it takes seconds, not minutes
         for shape, fwd, fb, how in speed(fn, 16384 if peer == "transformers" else 1 << 30,
-                                         shapes):
+                                         shapes, kind):
             print(f"speed {peer} {shape}: fwd {fwd:.3f} ms, fwd+bwd {fb:.3f} ms ({how})",
                   flush=True)
     else:
@@ -314,16 +317,20 @@ def main():
                         help="the speed part's shapes, BxTxHKxHV or 1xTxHKxHVxN (T as N "
                         "sequences) comma-separated (default: "
                         + format_shapes(SPEED_SHAPES) + ")")
+    parser.add_argument("--gates", choices=("strong", "weak", "mixed", "long"), default="mixed",
+                        help="the speed part's gates (default mixed: half the heads strong, half "
+                        "weak; long: a decay of e^-10 over 10k-100k tokens, where FlashQLA's "
+                        "intra-GPU CP cannot start a segment from its last chunks)")
     args = parser.parse_args()
     if args.make_reference:
         return make_reference(args.work, args.make_reference)
     if args.peer:
         part = args.part if args.part in ("accuracy", "profile") else "speed"
-        return run_peer(args.peer, part, args.work, args.shapes)
+        return run_peer(args.peer, part, args.work, args.shapes, args.gates)
     if args.part == "profile":
         raise SystemExit("--part profile needs --peer")
     me = [sys.executable, os.path.abspath(__file__), "--work", args.work, "--shapes",
-          format_shapes(args.shapes)]
+          format_shapes(args.shapes), "--gates", args.gates]
     lines, start = [], time.monotonic()
 
     def run(peer, part):  # the peer's lines as they come, so that a time limit keeps them
