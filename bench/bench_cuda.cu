@@ -1,8 +1,10 @@
 // Times the CUDA delta rule (forward, forward + backward) at the reference shapes, then at
-// T=65536 with strong and with weak gates, with 2 value heads and as 1024 sequences of 64 tokens,
-// with CUDA events: 3 warm-ups, the median of 10 runs, two input sets alternated (each larger
-// than L2). With arguments B T HK HV [strong|weak|model] [N], only that row; N > 0 (B = 1) cuts
-// T into N sequences of about equal length (varlen, the offsets also on the host).
+// T=65536 with strong and with weak gates, with 2 value heads, as 1024 sequences of 64 tokens and
+// as 64 sequences of 1024 with their offsets on the device only, with CUDA events: 3 warm-ups,
+// the median of 10 runs, two input sets alternated (each larger than L2). With arguments B T HK
+// HV [strong|weak|model] [N [device]], only that row; N > 0 (B = 1) cuts T into N sequences of
+// about equal length (varlen, the offsets also on the host, or with `device` on the device only,
+// as the PyTorch op passes them: the workspace then sized from the shapes alone).
 //
 // FLOPs (forward, per chunk of C tokens per value head, tensor-core GEMMs at 2 FLOP per MAC,
 // FLA's form plus the C^3/3 of the triangular inverse):
@@ -29,7 +31,7 @@ const char* gates_name(Gates g) {
 }
 
 void run(std::int64_t B, std::int64_t T, std::int64_t HK, std::int64_t HV, Gates gates = model,
-         std::int64_t sequences = 0) {
+         std::int64_t sequences = 0, bool device_offsets = false) {
   constexpr std::int64_t K = 128, V = 128, C = 64;
   std::vector<std::int32_t> offsets;  // varlen: sequence n is tokens [n T / N, (n + 1) T / N)
   for (std::int64_t n = 0; sequences > 0 && n <= sequences; ++n)
@@ -37,8 +39,9 @@ void run(std::int64_t B, std::int64_t T, std::int64_t HK, std::int64_t HV, Gates
   const std::int64_t N = sequences > 0 ? sequences : B;
   Buffer cu(offsets.size() * 4 + 4);
   GDN_CUDA_CHECK(cudaMemcpy(cu.data, offsets.data(), offsets.size() * 4, cudaMemcpyHostToDevice));
-  const gdn::TensorRef cu_host =
-      sequences > 0 ? gdn::TensorRef{offsets.data(), DType::i32, {N + 1}} : gdn::TensorRef{};
+  const gdn::TensorRef cu_host = sequences > 0 && !device_offsets
+                                     ? gdn::TensorRef{offsets.data(), DType::i32, {N + 1}}
+                                     : gdn::TensorRef{};
   const long long qk = B * T * HK * K, vv = B * T * HV * V, gate = B * T * HV;
   struct Set {
     Buffer q, k, v, g, beta, d_o;
@@ -105,7 +108,10 @@ void run(std::int64_t B, std::int64_t T, std::int64_t HK, std::int64_t HV, Gates
   const double flops =
       chunks * (2.0 * (3 * C * C * K + 2 * C * C * V + 3 * C * K * V) + C * C * C / 3.0);
   const double io = 2.0 * (2 * qk + vv + gate) * 2 / 2 + gate * 4 + vv * 2;  // in + o bytes
-  const std::string varlen = sequences > 0 ? " " + std::to_string(sequences) + " sequences" : "";
+  const std::string varlen = sequences > 0
+                                 ? " " + std::to_string(sequences) + " sequences" +
+                                       (device_offsets ? " (offsets on the device only)" : "")
+                                 : "";
   std::printf(
       "gdn-cuda B=%lld T=%lld HK=%lld HV=%lld%s%s: fwd %.3f ms (%.1f TFLOP/s, workspace %.2f GiB) "
       "| "
@@ -130,14 +136,17 @@ int main(int argc, char** argv) {
                       HK = argc > 3 ? std::atoll(argv[3]) : 0,
                       HV = argc > 4 ? std::atoll(argv[4]) : 0,
                       N = argc > 6 ? std::atoll(argv[6]) : 0;
-      if (argc > 7 || B < 1 || T < 1 || HK < 1 || HV < 1 || HV % HK != 0 ||
-          (g != "strong" && g != "weak" && g != "model") || N < 0 || N > T || (N > 0 && B != 1)) {
+      const bool device_offsets = argc > 7 && std::string(argv[7]) == "device";
+      if (argc > 8 || (argc > 7 && !device_offsets) || B < 1 || T < 1 || HK < 1 || HV < 1 ||
+          HV % HK != 0 || (g != "strong" && g != "weak" && g != "model") || N < 0 || N > T ||
+          (N > 0 && B != 1) || (device_offsets && N == 0)) {
         std::fprintf(stderr,
-                     "usage: bench_cuda [B T HK HV [strong|weak|model] [N]] (positive sizes, HK "
-                     "dividing HV; N sequences, at most T, with B = 1)\n");
+                     "usage: bench_cuda [B T HK HV [strong|weak|model] [N [device]]] (positive "
+                     "sizes, HK dividing HV; N sequences, at most T, with B = 1; device: their "
+                     "offsets on the device only)\n");
         return 2;
       }
-      run(B, T, HK, HV, g == "strong" ? strong : g == "weak" ? weak : model, N);
+      run(B, T, HK, HV, g == "strong" ? strong : g == "weak" ? weak : model, N, device_offsets);
       return 0;
     }
     run(1, 4096, 16, 32);
@@ -147,7 +156,8 @@ int main(int argc, char** argv) {
     run(1, 65536, 16, 32, strong);
     run(1, 65536, 16, 32, weak);
     run(1, 65536, 1, 2);  // few heads, long T: the case that needs in-GPU parallelism most
-    run(1, 65536, 16, 32, model, 1024);  // packed short sequences (varlen)
+    run(1, 65536, 16, 32, model, 1024);      // packed short sequences (varlen)
+    run(1, 65536, 16, 32, model, 64, true);  // packed documents as the PyTorch op passes them
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_cuda: %s\n", e.what());
     return 1;

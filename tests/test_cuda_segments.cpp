@@ -75,6 +75,17 @@ TEST(CudaSegments, BackwardRounds) {
   const RoundPlan small = plan_rounds(4, 64, 256, 32);  // T = 16384
   EXPECT_EQ(small.count, 1);
   EXPECT_EQ(small.slots, 256);
+  // 64 sequences at T = 65536 with their offsets on the device only: 64 segments that may each
+  // be 1024 chunks long, in 1087 slots. Rounds within the bytes would be 8 chunks long (128 of
+  // them); 8 rounds of 128 chunks could hold every slot, so one round it is.
+  const RoundPlan packed = plan_rounds(64, 1024, 1087, 32);
+  EXPECT_EQ(packed.count, 1);
+  EXPECT_EQ(packed.slots, 1087);
+  // One sequence of 512k tokens in 4 segments: 16 rounds within the bytes, 8 at most.
+  const RoundPlan longer = plan_rounds(4, 2048, 8192, 32);
+  EXPECT_EQ(longer.count, 8);
+  EXPECT_EQ(longer.length, 256);
+  EXPECT_EQ(longer.slots, 4 * 256);
 }
 
 // Rounds cover a segment, none empty; one round holds every chunk slot; more rounds hold fewer
@@ -89,6 +100,7 @@ TEST(CudaSegments, RoundsCoverTheSegments) {
           SCOPED_TRACE(testing::Message() << heads << " heads, " << segments << " segments of "
                                           << length << ", " << chunk_slots << " slots");
           ASSERT_GE(r.count, 1);
+          EXPECT_LE(r.count, 8);
           EXPECT_GE(std::int64_t{r.count} * r.length, length);
           EXPECT_LT(std::int64_t{r.count - 1} * r.length, length);
           if (r.count == 1) {

@@ -42,9 +42,13 @@ constexpr std::int64_t kMaxParts = 8;
 // between rounds (f32 128 x 128), a value head; a round's dh and dVn at most. Each round costs
 // 50-70 us (its two launches start with every block in step, and grad_chunk's last wave runs
 // part empty; bench/RESULTS.md, seventeenth session): at T = 65536 with 32 value heads 2 rounds
-// take 8.0 -> 8.09 ms for 0.75 GiB less, 4 rounds 8.2 ms for 1.1 GiB less.
+// take 8.0 -> 8.09 ms for 0.75 GiB less, 4 rounds 8.2 ms for 1.1 GiB less. At most kMaxRounds
+// (0.5 ms): with the offsets on the device only, every segment may be as long as the longest
+// possible, so many sequences asked for rounds of a few chunks each (64 sequences at T = 65536
+// with 32 value heads: 128 rounds of 8), nearly all of them empty launches.
 constexpr std::int64_t kSlotBytes = 48 << 10, kCarryBytes = 64 << 10;
 constexpr std::int64_t kRoundBytes = std::int64_t{768} << 20;
+constexpr std::int64_t kMaxRounds = 8;
 
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
   return (a + b - 1) / b;
@@ -118,11 +122,12 @@ SegmentPlan plan_segments(std::int64_t heads, std::int64_t longest, bool carried
 RoundPlan plan_rounds(std::int64_t segments, std::int64_t segment_length, std::int64_t chunk_slots,
                       std::int64_t value_heads) {
   const RoundPlan whole{1, static_cast<int>(segment_length), chunk_slots};
-  // The longest round within the bytes, then as many rounds of equal length as that takes.
+  // The longest round within the bytes, then as many rounds of equal length as that takes (at
+  // most kMaxRounds, longer than the bytes allow if need be).
   const std::int64_t longest =
       std::max<std::int64_t>(1, kRoundBytes / (segments * value_heads * kSlotBytes));
   RoundPlan rounds;
-  rounds.count = static_cast<int>(ceil_div(segment_length, longest));
+  rounds.count = static_cast<int>(std::min(kMaxRounds, ceil_div(segment_length, longest)));
   rounds.length = static_cast<int>(ceil_div(segment_length, rounds.count));
   rounds.slots = std::min(chunk_slots, segments * rounds.length);
   const std::int64_t cut = (rounds.slots * kSlotBytes + segments * kCarryBytes) * value_heads;
