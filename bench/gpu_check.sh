@@ -75,8 +75,10 @@ for stage in $stages; do
       # machine compiles the peers' kernels first: over 250 s each for FLA and FlashQLA)
       bash bench/gpu_peers.sh --part accuracy --peers gdn,fla,flashqla ;;
     peers-profile)  # FlashQLA's kernels, one forward + backward at B=1 T=65536, beside `profile`
+      # (GDN_PEERS_GATES=long: with long-memory gates, which its warm-ups cannot cut)
       GDN_PEERS_RUNNER="ncu --profile-from-start off --clock-control none --metrics \
-gpu__time_duration.sum" bash bench/gpu_peers.sh --peer flashqla --part profile >"$out/peers-ncu.log" 2>&1
+gpu__time_duration.sum" bash bench/gpu_peers.sh --peer flashqla --part profile \
+        --gates "${GDN_PEERS_GATES:-mixed}" >"$out/peers-ncu.log" 2>&1
       grep -E "^  [a-zA-Z_].*\(|gpu__time_duration" "$out/peers-ncu.log" |
         sed -E 's/^ *(void )?//; s/\(.*//; s/gpu__time_duration.sum//' | paste - - ;;
     *) echo "gpu_check: unknown stage $stage (test, cp, cp-bench, cp-sanitize, sanitize, profile, stalls, lines, bench, accuracy, peers-profile)"

@@ -240,10 +240,10 @@ def speed(fn, max_tokens, shapes, kind):
     return rows
 
 
-def profile(fn, B=1, T=65536, HK=16, HV=32):
+def profile(fn, kind, B=1, T=65536, HK=16, HV=32):
     """Three forward + backward calls (the peer's compilation and autotuning), then one between
     cudaProfilerStart and cudaProfilerStop: ncu --profile-from-start off sees that one only."""
-    q, k, v, g, beta, d_o = timing_inputs(B, T, HK, HV)
+    q, k, v, g, beta, d_o = timing_inputs(B, T, HK, HV, kind)
 
     def both():
         o, _ = fn(q, k, v, g, beta, use_qk_l2norm_in_kernel=True)
@@ -256,13 +256,14 @@ def profile(fn, B=1, T=65536, HK=16, HV=32):
     both()
     torch.cuda.synchronize()
     torch.cuda.profiler.stop()
-    print(f"profile: one forward + backward at B={B} T={T} HK={HK} HV={HV}", flush=True)
+    print(f"profile: one forward + backward at B={B} T={T} HK={HK} HV={HV}, {kind} gates",
+          flush=True)
 
 
 def run_peer(peer, part, work, shapes, kind):
     fn = load(peer)
     if part == "profile":
-        profile(fn)
+        profile(fn, kind)
     elif part == "speed":
         print(f"== {peer} ({torch.cuda.get_device_name()}, torch {torch.__version__})", flush=True)
         # transformers' torch loop is timed where it takes seconds, not minutes
@@ -318,9 +319,9 @@ def main():
                         "sequences) comma-separated (default: "
                         + format_shapes(SPEED_SHAPES) + ")")
     parser.add_argument("--gates", choices=("strong", "weak", "mixed", "long"), default="mixed",
-                        help="the speed part's gates (default mixed: half the heads strong, half "
-                        "weak; long: a decay of e^-10 over 10k-100k tokens, where FlashQLA's "
-                        "intra-GPU CP cannot start a segment from its last chunks)")
+                        help="the speed and profile parts' gates (default mixed: half the heads "
+                        "strong, half weak; long: a decay of e^-10 over 10k-100k tokens, where "
+                        "FlashQLA's intra-GPU CP cannot start a segment from its last chunks)")
     args = parser.parse_args()
     if args.make_reference:
         return make_reference(args.work, args.make_reference)
