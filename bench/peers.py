@@ -320,8 +320,9 @@ def main():
                         + format_shapes(SPEED_SHAPES) + ")")
     parser.add_argument("--gates", choices=("strong", "weak", "mixed", "long"), default="mixed",
                         help="the speed and profile parts' gates (default mixed: half the heads "
-                        "strong, half weak; long: a decay of e^-10 over 10k-100k tokens, where "
-                        "FlashQLA's intra-GPU CP cannot start a segment from its last chunks)")
+                        "strong, half weak; long: a decay of e^-10 takes 20k tokens on average, "
+                        "10k at least, so that FlashQLA's intra-GPU CP cannot start a segment "
+                        "from its last chunks)")
     args = parser.parse_args()
     if args.make_reference:
         return make_reference(args.work, args.make_reference)
