@@ -2,8 +2,8 @@
 # On the GPU machine, from the repository root, after bench/gpu_stage.sh: the CUDA tests, the
 # sanitizers, a per-kernel profile at B=1 T=65536, then bench_cuda and bench/peers.py's speed
 # part (gdn, FLA, FlashQLA and transformers in the same run). Logs go to $OUT (or ./gpu-logs).
-# Stages: test, cp, cp-bench, cp-sanitize, profile, stalls, lines, bench, accuracy, peers-profile
-# (default: test sanitize profile bench).
+# Stages: test, cp, cp-bench, cp-sanitize, profile, stalls, lines, bench, ab, accuracy,
+# peers-profile (default: test sanitize profile bench).
 set -uo pipefail
 out="${OUT:-$PWD/gpu-logs}"
 mkdir -p "$out"
@@ -71,6 +71,22 @@ for stage in $stages; do
     bench)  # gdn and its peers by CUDA-graph replay (bench/gpu_peers.sh installs the wheels)
       .device/bench_cuda | tee "$out/bench.log"
       bash bench/gpu_peers.sh --part speed ;;
+    ab)  # this build's bench_cuda against .device/base/'s (gpu_stage.sh --base), in turns, two
+      # rounds; GDN_AB_ROWS: bench_cuda argument lists, ';' between rows
+      rows="${GDN_AB_ROWS:-1 65536 16 32;1 16384 16 32;1 4096 16 32;8 8192 16 32;1 65536 1 2}"
+      echo "base $(cat .device/base/commit 2>/dev/null || echo '?'), new: this build (ms fwd / fwd+bwd, GiB)"
+      for round in 1 2; do
+        for which in base new; do
+          program=.device/bench_cuda
+          [ $which = base ] && program=.device/base/bench_cuda
+          IFS=';' read -ra list <<<"$rows"
+          for row in "${list[@]}"; do
+            # shellcheck disable=SC2086  # a row is several arguments
+            echo "$which $round: $($program $row 2>&1 | grep -E "gdn-cuda|bench_cuda:" |
+              sed -E 's/ \(([0-9.]+) TFLOP[^,]*, /(/g; s/ \| inputs.*//; s/workspaces? //g')"
+          done
+        done
+      done | tee "$out/ab.log" ;;
     accuracy)  # every output against float64, gdn and its peers on the same inputs (a fresh
       # machine compiles the peers' kernels first: over 250 s each for FLA and FlashQLA)
       bash bench/gpu_peers.sh --part accuracy --peers gdn,fla,flashqla ;;
@@ -81,7 +97,7 @@ gpu__time_duration.sum" bash bench/gpu_peers.sh --peer flashqla --part profile \
         --gates "${GDN_PEERS_GATES:-mixed}" >"$out/peers-ncu.log" 2>&1
       grep -E "^  [a-zA-Z_].*\(|gpu__time_duration" "$out/peers-ncu.log" |
         sed -E 's/^ *(void )?//; s/\(.*//; s/gpu__time_duration.sum//' | paste - - ;;
-    *) echo "gpu_check: unknown stage $stage (test, cp, cp-bench, cp-sanitize, sanitize, profile, stalls, lines, bench, accuracy, peers-profile)"
+    *) echo "gpu_check: unknown stage $stage (test, cp, cp-bench, cp-sanitize, sanitize, profile, stalls, lines, bench, ab, accuracy, peers-profile)"
        exit 2 ;;
   esac
 done

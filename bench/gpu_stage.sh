@@ -3,9 +3,18 @@
 # need in .device/, for a machine that has the GPU but not this build (bench/gpu_check.sh runs
 # them there). gdn's wheel goes in .whl/ (pip wheel . -w .whl), the peers' in .peers/
 # (bench/gpu_peers.sh says which).
+#
+#   bash bench/gpu_stage.sh                 # this tree's programs
+#   bash bench/gpu_stage.sh --base main     # also bench_cuda of another commit, in .device/base/,
+#                                           # for `gpu_check.sh ab` (the two timed in turns)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="/usr/local/cuda/bin:$PATH"
+base=""
+if [ $# -gt 0 ]; then
+  [ "$1" = --base ] && [ $# -eq 2 ] || { echo "usage: gpu_stage.sh [--base COMMIT]" >&2; exit 2; }
+  base="$2"
+fi
 cmake -S . -B build-gpu -G Ninja -DGDN_NATIVE=OFF -DGDN_MPI=OFF -DGDN_BUILD_BENCH=ON >/dev/null
 tests="test_cuda_delta_rule test_cuda_l2norm test_cuda_wgmma test_cuda_cp test_comm_gpu
   test_cuda_determinism test_cuda_guards"
@@ -16,3 +25,13 @@ mkdir -p .device
 cp build-gpu/gdn $(for t in $tests; do echo build-gpu/tests/$t; done) \
   build-gpu/bench/bench_cuda build-gpu/bench/bench_cuda_cp .device/
 for lib in libfmt.so.9 libgomp.so.1; do cp "$(ldconfig -p | awk -v l=$lib '$1 == l {print $NF; exit}')" .device/; done
+if [ -n "$base" ]; then  # the other commit's tree in build-gpu-base/src, built beside it
+  rm -rf build-gpu-base/src && mkdir -p build-gpu-base/src
+  git archive "$base" | tar -x -C build-gpu-base/src
+  cmake -S build-gpu-base/src -B build-gpu-base/build -G Ninja -DGDN_NATIVE=OFF -DGDN_MPI=OFF \
+    -DGDN_BUILD_BENCH=ON >/dev/null
+  ninja -C build-gpu-base/build bench_cuda
+  mkdir -p .device/base
+  cp build-gpu-base/build/bench/bench_cuda .device/base/
+  git rev-parse --short "$base" >.device/base/commit
+fi
