@@ -114,9 +114,8 @@ void run(std::int64_t B, std::int64_t T, std::int64_t HK, std::int64_t HV, Gates
                                  : "";
   std::printf(
       "gdn-cuda B=%lld T=%lld HK=%lld HV=%lld%s%s: fwd %.3f ms (%.1f TFLOP/s, workspace %.2f GiB) "
-      "| "
-      "fwd+bwd %.3f ms (%.1f TFLOP/s at 4F, workspaces %.2f + %.2f GiB) | inputs+outputs %.2f "
-      "GiB\n",
+      "| fwd+bwd %.3f ms (%.1f TFLOP/s at 4F, workspaces %.2f + %.2f GiB) | inputs+outputs "
+      "%.2f GiB\n",
       static_cast<long long>(B), static_cast<long long>(T), static_cast<long long>(HK),
       static_cast<long long>(HV), gates_name(gates), varlen.c_str(), fwd, flops / fwd / 1e9,
       ws_fwd / 1073741824.0, fwd_bwd, 4 * flops / fwd_bwd / 1e9, ws_train / 1073741824.0,

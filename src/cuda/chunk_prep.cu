@@ -183,12 +183,13 @@ __global__ void __launch_bounds__(kThreads, 4) chunk_prep_kernel(Params p) {
         }
       }
 #pragma unroll
-    for (int offset = 8; offset > 0; offset /= 2)
+    for (int offset = 8; offset > 0; offset /= 2) {
 #pragma unroll
       for (int j = 0; j < kRows; ++j)
 #pragma unroll
         for (int w = 0; w < 2; ++w) sum[w][j] += __shfl_xor_sync(0xffffffffu, sum[w][j], offset);
-          // Lane `part` of the half-warp stores the factor of row (w, j) = (part / 8, part % 8).
+    }
+    // Lane `part` of the half-warp stores the factor of row (w, j) = (part / 8, part % 8).
 #pragma unroll
     for (int j = 0; j < kRows; ++j)
 #pragma unroll
