@@ -65,23 +65,23 @@ TEST(CudaSegments, PlansCoverTheSequence) {
 }
 
 // The backward's rounds (RoundPlan): at T = 65536 with 32 value heads (4 segments of 256
-// chunks) dh and dVn take 2 rounds of 128 chunks a segment, 0.75 GiB instead of 1.5; a call
-// whose dh and dVn fit a round's bytes anyway runs in one round over every chunk slot.
+// chunks) h, Vn, dh and dVn take 4 rounds of 64 chunks a segment, 0.75 GiB instead of 3; a call
+// whose buffers fit a round's bytes anyway runs in one round over every chunk slot.
 TEST(CudaSegments, BackwardRounds) {
   const RoundPlan wide = plan_rounds(4, 256, 1024, 32);
-  EXPECT_EQ(wide.count, 2);
-  EXPECT_EQ(wide.length, 128);
-  EXPECT_EQ(wide.slots, 4 * 128);
+  EXPECT_EQ(wide.count, 4);
+  EXPECT_EQ(wide.length, 64);
+  EXPECT_EQ(wide.slots, 4 * 64);
   const RoundPlan small = plan_rounds(4, 64, 256, 32);  // T = 16384
   EXPECT_EQ(small.count, 1);
   EXPECT_EQ(small.slots, 256);
   // 64 sequences at T = 65536 with their offsets on the device only: 64 segments that may each
-  // be 1024 chunks long, in 1087 slots. Rounds within the bytes would be 8 chunks long (128 of
+  // be 1024 chunks long, in 1087 slots. Rounds within the bytes would be 4 chunks long (256 of
   // them); 8 rounds of 128 chunks could hold every slot, so one round it is.
   const RoundPlan packed = plan_rounds(64, 1024, 1087, 32);
   EXPECT_EQ(packed.count, 1);
   EXPECT_EQ(packed.slots, 1087);
-  // One sequence of 512k tokens in 4 segments: 16 rounds within the bytes, 8 at most.
+  // One sequence of 512k tokens in 4 segments: 32 rounds within the bytes, 8 at most.
   const RoundPlan longer = plan_rounds(4, 2048, 8192, 32);
   EXPECT_EQ(longer.count, 8);
   EXPECT_EQ(longer.length, 256);
@@ -89,7 +89,7 @@ TEST(CudaSegments, BackwardRounds) {
 }
 
 // Rounds cover a segment, none empty; one round holds every chunk slot; more rounds hold fewer
-// and save bytes even with the carried state gradients.
+// and save bytes even with the states and state gradients carried between them.
 TEST(CudaSegments, RoundsCoverTheSegments) {
   for (std::int64_t heads : {1, 2, 32, 64})
     for (std::int64_t segments : {1, 3, 64, 1000})
@@ -108,7 +108,8 @@ TEST(CudaSegments, RoundsCoverTheSegments) {
           } else {
             EXPECT_LT(r.slots, chunk_slots);
             EXPECT_EQ(r.slots, std::min(chunk_slots, segments * r.length));
-            EXPECT_LT((r.slots * 48 + segments * 64) * heads, chunk_slots * heads * 48);  // KiB
+            EXPECT_LT((r.slots * 96 + segments * 64 * r.count) * heads,  // KiB
+                      chunk_slots * heads * 96);
           }
         }
       }

@@ -137,6 +137,12 @@ struct Carver {
   }
 };
 
+// Whether the backward recomputes h and Vn, round by round: unless its forward saved them, which
+// a training forward does when the backward runs in one round.
+bool recomputes(bool saved, int rounds) {
+  return !saved || rounds > 1;
+}
+
 // The header of a call's workspace (the forward's, or what a backward expects there).
 cuda::WorkspaceHeader header_of(const DeltaRuleInputs& in, const cuda::Params& p, int device,
                                 bool saved) {
@@ -172,7 +178,8 @@ cuda::WorkspaceHeader header_of(const DeltaRuleInputs& in, const cuda::Params& p
 
 // Fills the params' shapes, inputs and workspace pointers; returns the bytes used in
 // `workspace`. The forward's part comes first: its header, its chunk table and its
-// intermediates (with `saved`, the per-chunk states and Vn too); a backward given the forward's
+// intermediates (with `saved`, the per-chunk states and Vn too, or with several backward rounds
+// the states entering the rounds); a backward given the forward's
 // workspace (forward_workspace) takes them from there and only its own buffers from `workspace`
 // (the kernels that write them are then not launched), its own chunk table first, which the
 // check of the forward's header builds.
@@ -235,9 +242,18 @@ std::size_t plan(const DeltaRuleInputs& in, const DeltaRuleShape& s, ChunkCount 
     p.seg_transfer = c.take<float>(matrices * p.seg_parts);
     p.seg_state = c.take<float>(matrices);
   }
-  if (saved) {
+  // The backward's rounds, planned in the forward too: a training forward saves h and Vn for a
+  // backward in one round, else the states entering the rounds.
+  const std::int64_t segments = s.N * p.seg_count;
+  const cuda::RoundPlan rounds = cuda::plan_rounds(segments, p.seg_len, NC, s.HV);
+  p.rounds = rounds.count;
+  p.round_len = rounds.length;
+  p.round_slots = static_cast<int>(rounds.slots);
+  if (saved && rounds.count == 1) {
     p.h = c.take<bf16>(slots * kD * kD);
     p.vn = c.take<bf16>(slots * kC * kD);
+  } else if (saved) {
+    p.round_state = c.take<float>((rounds.count - 1) * matrices);
   }
   if (!reuse) p.header_out = header;
   if (!backward) return c.used;
@@ -256,15 +272,11 @@ std::size_t plan(const DeltaRuleInputs& in, const DeltaRuleShape& s, ChunkCount 
     p.seg_dlocal = b.take<float>(matrices);
     p.seg_dstate = b.take<float>(matrices);
   }
-  if (!saved) {
-    p.h = b.take<bf16>(slots * kD * kD);
-    p.vn = b.take<bf16>(slots * kC * kD);
+  if (!saved && rounds.count > 1) p.round_state = b.take<float>((rounds.count - 1) * matrices);
+  if (recomputes(saved, rounds.count)) {  // a round's h and Vn (one round: every chunk slot)
+    p.h = b.take<bf16>(rounds.slots * s.HV * kD * kD);
+    p.vn = b.take<bf16>(rounds.slots * s.HV * kC * kD);
   }
-  const std::int64_t segments = s.N * p.seg_count;
-  const cuda::RoundPlan rounds = cuda::plan_rounds(segments, p.seg_len, NC, s.HV);
-  p.rounds = rounds.count;
-  p.round_len = rounds.length;
-  p.round_slots = static_cast<int>(rounds.slots);
   p.round_first = b.take<int>(rounds.count * segments);
   p.round_chunks = b.take<cuda::RoundChunk>(rounds.count * rounds.slots);
   if (rounds.count > 1) p.round_dstate = b.take<float>(matrices);
@@ -385,10 +397,11 @@ void summarize_forward(const Call& c) {
   if (has_summaries(c.p)) cuda::launch_state_forward<In, cuda::Pass::summary>(c.p, c.stream);
 }
 
+// A training forward in several rounds runs the output pass, which keeps the rounds' states.
 template <typename In>
 void finish_forward(const Call& c, bool save) {
   if (has_summaries(c.p)) cuda::launch_fold(c.p, cuda::Fold::states, c.stream);
-  if (save)
+  if (save && !recomputes(save, c.p.rounds))
     cuda::launch_state_forward<In, cuda::Pass::save>(c.p, c.stream);
   else
     cuda::launch_state_forward<In, cuda::Pass::output>(c.p, c.stream);
@@ -402,7 +415,8 @@ void summarize_backward(const Call& c) {
   } else {  // this backward's own chunk table, and the check of the forward's header
     cuda::launch_chunk_table(c.p, c.stream);
   }
-  if (!c.saved) cuda::launch_state_forward<In, cuda::Pass::recompute>(c.p, c.stream);  // h, Vn
+  if (!c.saved && c.p.rounds > 1)  // the states entering the rounds
+    cuda::launch_state_forward<In, cuda::Pass::states>(c.p, c.stream);
   if (c.p.seg_count > 1 || c.p.enters)  // the gradient offsets D_k
     cuda::launch_state_backward<In, true>(c.p, c.stream);
 }
@@ -412,6 +426,8 @@ void finish_backward(const Call& c) {
   if (has_summaries(c.p)) cuda::launch_fold(c.p, cuda::Fold::grad_states, c.stream);
   cuda::Params round = c.p;
   for (round.round = c.p.rounds - 1; round.round >= 0; --round.round) {  // the last first
+    if (recomputes(c.saved, c.p.rounds))                                 // h, Vn
+      cuda::launch_state_forward<In, cuda::Pass::recompute>(round, c.stream);
     cuda::launch_state_backward<In, false>(round, c.stream);
     cuda::launch_grad_chunk<In>(round, c.stream);
   }

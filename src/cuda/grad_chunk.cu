@@ -181,7 +181,7 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
   auto issue_vn = [&](int j) {
     const int hv = hk * group + j;
     issue_rows_swizzled<kD, kC, kThreads>(vn_tiles + (j % 2) * kC * kD,
-                                          p.vn + slot(p, chunk(), hv) * kC * kD, kD, kC);
+                                          p.vn + slot(p, place, hv) * kC * kD, kD, kC);
     issue_rows_swizzled<kD, kC, kThreads>(dvn_tiles + (j % 2) * kC * kD,
                                           p.dvn + slot(p, place, hv) * kC * kD, kD, kC);
   };
@@ -189,7 +189,7 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
   Acc dq[8] = {}, dk[8] = {};  // the group's sums
   for (int gi = 0; gi < group; ++gi) {
     const int hv = hk * group + gi;
-    const long long s = slot(p, chunk(), hv), ds = slot(p, place, hv);  // h, A; dh
+    const long long s = slot(p, chunk(), hv), ds = slot(p, place, hv);  // A; h, dh
     const long long vrow = v_row(p, info.b, info.t0, hv);
     const In* d_o = static_cast<const In*>(p.d_o) + vrow * kD;
     bf16* vn = vn_tiles + (gi % 2) * kC * kD;
@@ -198,7 +198,7 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
       issue_rows_swizzled<kD, kD, kThreads>(st, p.dh + ds * kD * kD, kD, kD);
       issue_vn(0);
     }
-    issue_rows_swizzled<kD, kD, kThreads>(hs, p.h + s * kD * kD, kD, kD);
+    issue_rows_swizzled<kD, kD, kThreads>(hs, p.h + ds * kD * kD, kD, kD);
     issue_rows<kC, kC, kThreads>(ab, kLdH64, p.A + s * kC * kC, kC, kC);
     issue_rows<kD, kC, kThreads>(dos, kLdH, d_o, p.HV * kD, len);
     issue_rows<kD, kC, kThreads>(vs, kLdH, static_cast<const In*>(p.v) + vrow * kD, p.HV * kD, len);

@@ -3,15 +3,17 @@
 // In = bf16 or __half is the dtype of q, k, v, o and their gradients.
 //
 // forward:  chunk_table, chunk_prep, [state_forward<summary>, fold<states>],
-//           state_forward<output or save>
+//           state_forward<output or save> (a training forward in several rounds: output, keeping
+//           the states entering the rounds)
 // backward: chunk_table, {chunk_prep, [state_forward<summary>, fold<states>]},
-//           (state_forward<recompute>),
-//           [state_backward<summary>, fold<grad_states>], (state_backward, grad_chunk) in
-//           rounds, the last first (params.cuh: rounds; Params::round says which)
+//           (state_forward<states>), [state_backward<summary>, fold<grad_states>],
+//           ((state_forward<recompute>), state_backward, grad_chunk) in rounds, the last first
+//           (params.cuh: rounds; Params::round says which)
 // (the bracketed launches only when sequences are cut into segments, seg_count > 1, or carry
-// states across ranks; the braced ones not when the backward reads the forward's workspace, the
-// parenthesized one not when that forward ran Pass::save; a backward reading the forward's
-// workspace builds its own chunk table, checking the forward's header). Under context parallelism
+// states across ranks; the braced ones not when the backward reads the forward's workspace; the
+// states pass only with several rounds and no saving forward, the recompute pass not after a
+// forward that saved h and Vn (one round); a backward reading the forward's workspace builds its
+// own chunk table, checking the forward's header). Under context parallelism
 // (cuda/context_parallel.cu) the forward stops after its summaries for the rank's map
 // (fold<map_offset, map_transfer>) and goes on once the carried state is in h0; the backward
 // likewise with fold<grad_offset> and dht.
@@ -29,9 +31,10 @@ void launch_chunk_table(const Params& p, cudaStream_t stream);
 template <typename In>
 void launch_chunk_prep(const Params& p, cudaStream_t stream);
 enum class Pass {
-  output,     // o and the final state
-  save,       // o, the final state, and h and Vn for the backward (a training forward)
-  recompute,  // h and Vn for the backward
+  output,     // o and the final state; with round_state, the state entering each round too
+  save,       // o, the final state, and h and Vn for the backward (a training forward, 1 round)
+  states,     // the state entering each round (a backward whose forward did not save, rounds > 1)
+  recompute,  // h and Vn of round p.round's chunks for the backward
   summary,    // per segment: the state from zero and the transfer matrix, nothing per chunk
 };
 // Serial over the chunks of each segment, a warpgroup per 64 columns of V (state_pass.cuh).

@@ -69,8 +69,10 @@ struct Params {
                    // beta e rk (rk, rq of the chunk's rows; 0 on padded rows)
   bf16* A;         // [NC, HV, 64, 64] (I + L)^-1
   bf16* P;         // [NC, HV, 64, 64] scale (Q K^T) * exp(G_i - G_j), i >= j (unit q, k)
-  bf16* h;         // [NC, HV, V, K]   state entering each chunk, transposed (save, backward)
-  bf16* vn;        // [NC, HV, 64, V]  Vn = A diag(beta) (V - diag(e) K S)   (save, backward)
+  // The state entering each chunk, transposed, and Vn = A diag(beta) (V - diag(e) K S): a saving
+  // forward's at the chunk's slot (one round), or a backward round's at the chunk's place.
+  bf16* h;   // [NC or round_slots, HV, V, K]
+  bf16* vn;  // [NC or round_slots, HV, 64, V]
 
   // Segment summaries (seg_count > 1), each [N * seg_count, HV, K, K or V] f32, segment k of
   // sequence n at n * seg_count + k; the transfers [N * seg_count, seg_parts, HV, K, K].
@@ -97,14 +99,17 @@ struct Params {
   const void* d_o;   // [B, T, HV, V]  In
   const float* dht;  // [N, HV, K, V]  optional
   // The gradient pass runs in rounds (segments.h: RoundPlan), the last first: launch `round` of
-  // `rounds` runs chunks [round round_len, (round + 1) round_len) of every segment. dh and dVn
-  // hold one round's chunks, at the chunk's place in its round: segment z's chunks from
-  // round_first[round Z + z] on (Z = N seg_count), the chunk at each place in round_chunks
-  // (chunk_table). Between rounds a segment's state gradient waits in round_dstate.
+  // `rounds` runs chunks [round round_len, (round + 1) round_len) of every segment. h, Vn (unless
+  // the forward saved them in one round), dh and dVn hold one round's chunks, at the chunk's
+  // place in its round: segment z's chunks from round_first[round Z + z] on (Z = N seg_count),
+  // the chunk at each place in round_chunks (chunk_table). Between rounds a segment's state
+  // gradient waits in round_dstate; the state entering round r >= 1 is in round_state, which a
+  // training forward (Pass::output) or the backward (Pass::states) writes.
   int rounds, round_len, round_slots, round;
   int* round_first;          // [rounds, Z]
   RoundChunk* round_chunks;  // [rounds, round_slots]
   float* round_dstate;       // [Z, HV, K, V]  (rounds > 1)
+  float* round_state;        // [rounds - 1, Z, HV, K, V]  (rounds > 1; else null)
   bf16* dh;     // [round_slots, HV, V, K]  the gradient of the state leaving a chunk, transposed
   bf16* dvn;    // [round_slots, HV, 64, V]  dVn
   void* dq;     // [B, T, HK, K]  In

@@ -38,15 +38,15 @@ constexpr std::int64_t kGradSummaryStep = 26, kGradStep = 37, kFoldStep = 6, kFo
 // (T = 4096 at 32 heads keeps 3 segments, T = 65536 at 2 heads 34 for inference).
 constexpr std::int64_t kBlockStart = 40;
 constexpr std::int64_t kMaxParts = 8;
-// Bytes of a chunk's dh and dVn (bf16 128 x 128 and 64 x 128), and of a state gradient carried
-// between rounds (f32 128 x 128), a value head; a round's dh and dVn at most. Each round costs
-// 50-70 us (its two launches start with every block in step, and grad_chunk's last wave runs
-// part empty; bench/RESULTS.md, seventeenth session): at T = 65536 with 32 value heads 2 rounds
-// take 8.0 -> 8.09 ms for 0.75 GiB less, 4 rounds 8.2 ms for 1.1 GiB less. At most kMaxRounds
-// (0.5 ms): with the offsets on the device only, every segment may be as long as the longest
-// possible, so many sequences asked for rounds of a few chunks each (64 sequences at T = 65536
-// with 32 value heads: 128 rounds of 8), nearly all of them empty launches.
-constexpr std::int64_t kSlotBytes = 48 << 10, kCarryBytes = 64 << 10;
+// Bytes of a chunk's h, Vn, dh and dVn (bf16 128 x 128 and 64 x 128 each), and of a state or
+// state gradient carried between rounds (f32 128 x 128), a value head; a round's h, Vn, dh and
+// dVn at most. Each round costs 50-70 us (its launches start with every block in step, and
+// grad_chunk's last wave runs part empty; bench/RESULTS.md, seventeenth session), plus, where
+// the forward kept only the states entering the rounds, a recompute pass over the round's chunks.
+// At most kMaxRounds: with the offsets on the device only, every segment may be as long as the
+// longest possible, so many sequences asked for rounds of a few chunks each (64 sequences at
+// T = 65536 with 32 value heads: 128 rounds of 8), nearly all of them empty launches.
+constexpr std::int64_t kSlotBytes = 96 << 10, kCarryBytes = 64 << 10;
 constexpr std::int64_t kRoundBytes = std::int64_t{768} << 20;
 constexpr std::int64_t kMaxRounds = 8;
 
@@ -130,7 +130,9 @@ RoundPlan plan_rounds(std::int64_t segments, std::int64_t segment_length, std::i
   rounds.count = static_cast<int>(std::min(kMaxRounds, ceil_div(segment_length, longest)));
   rounds.length = static_cast<int>(ceil_div(segment_length, rounds.count));
   rounds.slots = std::min(chunk_slots, segments * rounds.length);
-  const std::int64_t cut = (rounds.slots * kSlotBytes + segments * kCarryBytes) * value_heads;
+  // Carried: the state gradient between rounds, and the state entering each round but the first.
+  const std::int64_t carry = segments * kCarryBytes * rounds.count;
+  const std::int64_t cut = (rounds.slots * kSlotBytes + carry) * value_heads;
   return rounds.count > 1 && cut < chunk_slots * value_heads * kSlotBytes ? rounds : whole;
 }
 

@@ -26,10 +26,12 @@ struct SegmentPlan {
 SegmentPlan plan_segments(std::int64_t heads, std::int64_t longest, bool carried, bool training,
                           int multiprocessors);
 
-// The backward's gradient pass (state_backward, then grad_chunk) runs in `count` rounds, the
-// last first, each over `length` chunks of every segment, so that dh and dVn hold one round's
-// chunks (`slots` of them a value head) instead of the call's; between rounds each segment's
-// state gradient waits in a [K][V] f32 matrix a (segment, value head).
+// The backward's gradient pass (the state recompute, state_backward, then grad_chunk) runs in
+// `count` rounds, the last first, each over `length` chunks of every segment, so that h, Vn, dh
+// and dVn hold one round's chunks (`slots` of them a value head) instead of the call's. Between
+// rounds each segment's state gradient waits in a [K][V] f32 matrix a (segment, value head), and
+// with more than one round a training forward keeps, instead of h and Vn of every chunk, only
+// the f32 state entering each round but the first, from which the backward recomputes them.
 struct RoundPlan {
   int count = 1, length = 1;
   std::int64_t slots = 0;

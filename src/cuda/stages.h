@@ -6,9 +6,9 @@
 // forward:  forward_summaries (chunk prep and the segment summaries, none of which reads h0 rows
 //           of entering sequences: those must be zero), [forward_maps], then, with the carried
 //           states in those h0 rows, forward_output.
-// backward: backward_summaries (recompute and the gradient summaries, with the dht rows of
-//           leaving sequences zero), [backward_map], then, with the carried gradients in those
-//           dht rows, backward_output.
+// backward: backward_summaries (the forward's states and the gradient summaries, with the dht
+//           rows of leaving sequences zero), [backward_map], then, with the carried gradients in
+//           those dht rows, backward_output.
 
 #include <cstddef>
 

@@ -5,8 +5,12 @@
 // each computed transposed (S^T is what a warp holds): (K S)^T = S^T K^T, Vn^T = X^T A^T, ...
 // K and Q are the unit rows diag(rk) K, diag(rq) Q of rows K, Q as they come (params.cuh): the
 // factors ride on the gates, diag(e) K S = diag(e rk) (K S), K^T diag(f) = K^T diag(f rk), ...
-// Pass::output writes o, Pass::recompute (for the backward) h = S^T and Vn, Pass::save all three.
-// Pass::summary runs
+// Pass::output writes o, Pass::recompute (for the backward) h = S^T and Vn of one round's chunks
+// (params.cuh: rounds) at their places in the round, Pass::save all three at the chunks' slots.
+// With several backward rounds Pass::output of a training forward, and Pass::states of a
+// backward whose forward did not save, keep the f32 state entering each round but the first
+// (round_state), from which Pass::recompute starts the round: the same state in registers, so
+// the same h and Vn as a pass over the whole segment. Pass::summary runs
 // the segments of state_pass::has_offset / has_transfer and stores only their end state: in
 // blocks with blockIdx.z = 0, from h0 for k = 0 (that is the state entering segment 1, unless k = 0
 // is also the last) and from zero for k >= 1 (N_k, in seg_local); in blocks with blockIdx.z = 1 + j
@@ -25,7 +29,9 @@ using namespace state_pass;
 template <typename In, Pass kPass>
 __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
   constexpr bool kOutput = kPass == Pass::output || kPass == Pass::save;
-  constexpr bool kStates = kPass == Pass::save || kPass == Pass::recompute;
+  constexpr bool kStates = kPass == Pass::save || kPass == Pass::recompute;  // h, Vn
+  constexpr bool kRoundStates = kPass == Pass::output || kPass == Pass::states;
+  constexpr bool kRound = kPass == Pass::recompute;  // one round's chunks
   constexpr bool kSummary = kPass == Pass::summary;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int hv = blockIdx.x, z = blockIdx.y, vw = 16 * warp;
@@ -33,9 +39,14 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
   const bool transfer = kSummary && blockIdx.z > 0;
   if (seg.chunks <= 0) return;
   if (kSummary && !(transfer ? has_transfer(p, seg) : has_offset(p, seg))) return;
-  const int part = blockIdx.z - 1, skip = transfer ? part * p.part_len : 0;
-  const int first = seg.first + skip;
-  const int chunks = transfer ? max(0, min(seg.chunks - skip, p.part_len)) : seg.chunks;
+  // The chunks this block runs: a transfer part's, this round's, or the whole segment's.
+  const int part = blockIdx.z - 1;
+  const int skip = transfer ? part * p.part_len : kRound ? p.round * p.round_len : 0;
+  const int span = transfer ? p.part_len : kRound ? p.round_len : seg.chunks;
+  const int first = seg.first + skip, chunks = max(0, min(seg.chunks - skip, span));
+  if (kRound && chunks == 0) return;
+  // Where chunk i's h and Vn go: its place in the round, or its slot.
+  [[maybe_unused]] const int at = kRound ? round_place(p, z) : first;
   const int c = 2 * (lane % 4);  // this lane's first column within an 8-column tile
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* smem = align_1024(smem_raw);
@@ -60,6 +71,8 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
     load_identity(S, vw);
   else if (kSummary && !seg.is_first)
     load_state(S, nullptr, vw);
+  else if (skip > 0)  // a round after the segment's first (recompute)
+    load_state(S, round_matrix(p, p.round - 1, z, hv), vw);
   else if (seg.is_first)
     load_state(S, sequence_matrix(p.h0, p, seg.n, hv), vw);
   else
@@ -76,9 +89,12 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
   std::uint32_t sa[8][4];  // the state entering chunk i, as bf16 A fragments
   state_to_a(sa, S);
   for (int i = 0; i < chunks; ++i) {
+    if constexpr (kRoundStates)
+      if (p.round_state && i > 0 && i % p.round_len == 0)
+        store_state(round_matrix(p, i / p.round_len - 1, z, hv), vw, S);
     wait_tiles(pipe, i);
     const Tiles t = tiles(smem, i % kStages);
-    [[maybe_unused]] const long long s = slot(p, first + i, hv);
+    [[maybe_unused]] const long long s = slot(p, at + i, hv);
 
     // (K S)^T and (Q S)^T = S^T K^T, S^T Q^T: B = K^T, Q^T, that is K, Q as K-major tiles.
     Acc ks[8];
@@ -182,7 +198,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
                 : seg.is_first && !seg.is_last ? segment_matrix(p.seg_state, p, z + 1, hv)
                                                : segment_matrix(p.seg_local, p, z, hv),
                 vw, S);
-  else if (p.ht && seg.is_last)
+  else if (kOutput && p.ht && seg.is_last)
     store_state(sequence_matrix(p.ht, p, seg.n, hv), vw, S);
 }
 
@@ -200,10 +216,12 @@ void launch_state_forward(const Params& p, cudaStream_t stream) {
 
 template void launch_state_forward<bf16, Pass::output>(const Params&, cudaStream_t);
 template void launch_state_forward<bf16, Pass::save>(const Params&, cudaStream_t);
+template void launch_state_forward<bf16, Pass::states>(const Params&, cudaStream_t);
 template void launch_state_forward<bf16, Pass::recompute>(const Params&, cudaStream_t);
 template void launch_state_forward<bf16, Pass::summary>(const Params&, cudaStream_t);
 template void launch_state_forward<__half, Pass::output>(const Params&, cudaStream_t);
 template void launch_state_forward<__half, Pass::save>(const Params&, cudaStream_t);
+template void launch_state_forward<__half, Pass::states>(const Params&, cudaStream_t);
 template void launch_state_forward<__half, Pass::recompute>(const Params&, cudaStream_t);
 template void launch_state_forward<__half, Pass::summary>(const Params&, cudaStream_t);
 
