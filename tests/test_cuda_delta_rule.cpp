@@ -252,6 +252,26 @@ TEST(CudaDeltaRule, BackwardRounds) {
   check_problem(p, true, false, true, nullptr, nullptr, copies);
   check_problem(p, false, false, false, nullptr, nullptr, copies);
 }
+// Rounds by chunk slots (segments.h), for many sequences: 40 of them over 474 chunks, the first
+// 301 chunks long, the others 1 to 7, with 64 value heads (32 copies of one head group). Rounds
+// by segment cannot cut them (8 rounds of 38 chunks a sequence hold every slot), so 4 rounds of
+// 128 slots run: the first sequence crosses two boundaries, a short one a third. The training
+// path, a backward reading an inference forward's workspace, and the offsets on the device only.
+TEST(CudaDeltaRule, BackwardRoundsBySlots) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  Problem p = base(0, 1, 2);
+  p.seqlens = {19217};
+  for (int i = 0; i < 39; ++i) p.seqlens.push_back(40 + (i * 137) % 420);
+  for (auto n : p.seqlens) p.T += n;
+  const int copies = 32, heads = 2 * copies, n = static_cast<int>(p.seqlens.size());
+  const cuda::SegmentPlan seg = cuda::plan_segments(n * heads, 301, false, true, multiprocessors());
+  const cuda::RoundPlan rounds = cuda::plan_rounds(n * seg.count, seg.length, 474, heads);
+  EXPECT_TRUE(rounds.by_slots);
+  EXPECT_EQ(rounds.count, 4);
+  check_problem(p, true, true, true, nullptr, nullptr, copies);
+  check_problem(p, true, false, true, nullptr, nullptr, copies);
+  check_problem(p, false, false, false, nullptr, nullptr, copies);
+}
 TEST(CudaDeltaRule, F16) {
   Problem p = base(500, 2, 2);
   p.dtype = DType::f16;

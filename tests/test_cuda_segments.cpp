@@ -76,11 +76,14 @@ TEST(CudaSegments, BackwardRounds) {
   EXPECT_EQ(small.count, 1);
   EXPECT_EQ(small.slots, 256);
   // 64 sequences at T = 65536 with their offsets on the device only: 64 segments that may each
-  // be 1024 chunks long, in 1087 slots. Rounds within the bytes would be 4 chunks long (256 of
-  // them); 8 rounds of 128 chunks could hold every slot, so one round it is.
+  // be 1024 chunks long, in 1087 slots. Rounds by segment within the bytes would be 4 chunks
+  // long (256 of them); 8 rounds of 128 chunks could hold every slot. So rounds by slots: 5 of
+  // the 256 slots the bytes allow.
   const RoundPlan packed = plan_rounds(64, 1024, 1087, 32);
-  EXPECT_EQ(packed.count, 1);
-  EXPECT_EQ(packed.slots, 1087);
+  EXPECT_TRUE(packed.by_slots);
+  EXPECT_EQ(packed.count, 5);
+  EXPECT_EQ(packed.slots, 256);
+  EXPECT_FALSE(wide.by_slots);
   // One sequence of 512k tokens in 4 segments: 32 rounds within the bytes, 8 at most.
   const RoundPlan longer = plan_rounds(4, 2048, 8192, 32);
   EXPECT_EQ(longer.count, 8);
@@ -88,8 +91,9 @@ TEST(CudaSegments, BackwardRounds) {
   EXPECT_EQ(longer.slots, 4 * 256);
 }
 
-// Rounds cover a segment, none empty; one round holds every chunk slot; more rounds hold fewer
-// and save bytes even with the states and state gradients carried between them.
+// Rounds by segment cover a segment, none empty; rounds by slots cover the slots, none empty;
+// one round holds every chunk slot; more rounds hold fewer and save bytes even with the states
+// and state gradients carried across their boundaries.
 TEST(CudaSegments, RoundsCoverTheSegments) {
   for (std::int64_t heads : {1, 2, 32, 64})
     for (std::int64_t segments : {1, 3, 64, 1000})
@@ -101,14 +105,16 @@ TEST(CudaSegments, RoundsCoverTheSegments) {
                                           << length << ", " << chunk_slots << " slots");
           ASSERT_GE(r.count, 1);
           EXPECT_LE(r.count, 8);
-          EXPECT_GE(std::int64_t{r.count} * r.length, length);
-          EXPECT_LT(std::int64_t{r.count - 1} * r.length, length);
+          const std::int64_t covered = r.by_slots ? chunk_slots : length;
+          EXPECT_GE(std::int64_t{r.count} * r.length, covered);
+          EXPECT_LT(std::int64_t{r.count - 1} * r.length, covered);
           if (r.count == 1) {
             EXPECT_EQ(r.slots, chunk_slots);
+            EXPECT_FALSE(r.by_slots);
           } else {
             EXPECT_LT(r.slots, chunk_slots);
-            EXPECT_EQ(r.slots, std::min(chunk_slots, segments * r.length));
-            EXPECT_LT((r.slots * 96 + segments * 64 * r.count) * heads,  // KiB
+            EXPECT_EQ(r.slots, r.by_slots ? r.length : std::min(chunk_slots, segments * r.length));
+            EXPECT_LT((r.slots * 96 + 2 * r.boundaries(segments) * 64) * heads,  // KiB
                       chunk_slots * heads * 96);
           }
         }

@@ -158,8 +158,8 @@ __global__ void chunk_table_kernel(Params p) {
   }
   const int total = p.chunk_begin[p.N];
   const int segments = p.N * p.seg_count;
-  if (p.round_first) {  // the backward rounds' tables (params.cuh): where each round's chunks go
-    for (int r = 0; r < p.rounds; ++r) {  // a segment's place: a block-wide sum of counts
+  if (p.round_chunks) {  // the backward rounds' tables (params.cuh): where each round's chunks go
+    for (int r = 0; r < p.rounds && !p.round_by_slots; ++r) {  // by segment: a block-wide sum
       int places_so_far = 0;
       for (int base = 0; base < segments; base += blockDim.x) {
         const int z = base + threadIdx.x;
@@ -193,11 +193,12 @@ __global__ void chunk_table_kernel(Params p) {
       info = {lo, p.cu_seqlens ? 0 : lo, p.seq_begin[lo] + t0, min(kC, p.seq_len[lo] - t0), index};
     }
     p.chunks[cid] = info;
-    if (p.round_first && info.len > 0) {
+    if (p.round_chunks && info.len > 0) {
       const int k = info.index / p.seg_len, local = info.index % p.seg_len;
-      const int r = local / p.round_len;
-      const int place =
-          p.round_first[r * segments + info.n * p.seg_count + k] + local % p.round_len;
+      const int r = (p.round_by_slots ? cid : local) / p.round_len;
+      const int place = p.round_by_slots ? cid % p.round_len
+                                         : p.round_first[r * segments + info.n * p.seg_count + k] +
+                                               local % p.round_len;
       p.round_chunks[static_cast<long long>(r) * p.round_slots + place] = RoundChunk{cid, info};
     }
   }

@@ -249,11 +249,13 @@ std::size_t plan(const DeltaRuleInputs& in, const DeltaRuleShape& s, ChunkCount 
   p.rounds = rounds.count;
   p.round_len = rounds.length;
   p.round_slots = static_cast<int>(rounds.slots);
+  p.round_by_slots = rounds.by_slots;
+  const std::int64_t at_boundaries = rounds.boundaries(segments) * s.HV * kD * kD;  // floats
   if (saved && rounds.count == 1) {
     p.h = c.take<bf16>(slots * kD * kD);
     p.vn = c.take<bf16>(slots * kC * kD);
   } else if (saved) {
-    p.round_state = c.take<float>((rounds.count - 1) * matrices);
+    p.round_state = c.take<float>(at_boundaries);
   }
   if (!reuse) p.header_out = header;
   if (!backward) return c.used;
@@ -272,14 +274,14 @@ std::size_t plan(const DeltaRuleInputs& in, const DeltaRuleShape& s, ChunkCount 
     p.seg_dlocal = b.take<float>(matrices);
     p.seg_dstate = b.take<float>(matrices);
   }
-  if (!saved && rounds.count > 1) p.round_state = b.take<float>((rounds.count - 1) * matrices);
+  if (!saved && rounds.count > 1) p.round_state = b.take<float>(at_boundaries);
   if (recomputes(saved, rounds.count)) {  // a round's h and Vn (one round: every chunk slot)
     p.h = b.take<bf16>(rounds.slots * s.HV * kD * kD);
     p.vn = b.take<bf16>(rounds.slots * s.HV * kC * kD);
   }
-  p.round_first = b.take<int>(rounds.count * segments);
+  if (!rounds.by_slots) p.round_first = b.take<int>(rounds.count * segments);
   p.round_chunks = b.take<cuda::RoundChunk>(rounds.count * rounds.slots);
-  if (rounds.count > 1) p.round_dstate = b.take<float>(matrices);
+  if (rounds.count > 1) p.round_dstate = b.take<float>(at_boundaries);
   p.dh = b.take<bf16>(rounds.slots * s.HV * kD * kD);
   p.dvn = b.take<bf16>(rounds.slots * s.HV * kC * kD);
   return b.used;

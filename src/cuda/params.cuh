@@ -99,17 +99,20 @@ struct Params {
   const void* d_o;   // [B, T, HV, V]  In
   const float* dht;  // [N, HV, K, V]  optional
   // The gradient pass runs in rounds (segments.h: RoundPlan), the last first: launch `round` of
-  // `rounds` runs chunks [round round_len, (round + 1) round_len) of every segment. h, Vn (unless
-  // the forward saved them in one round), dh and dVn hold one round's chunks, at the chunk's
-  // place in its round: segment z's chunks from round_first[round Z + z] on (Z = N seg_count),
-  // the chunk at each place in round_chunks (chunk_table). Between rounds a segment's state
-  // gradient waits in round_dstate; the state entering round r >= 1 is in round_state, which a
-  // training forward (Pass::output) or the backward (Pass::states) writes.
+  // `rounds` runs chunks [round round_len, (round + 1) round_len) of every segment, or with
+  // round_by_slots the chunk slots [round round_len, (round + 1) round_len) (round_span). h, Vn
+  // (unless the forward saved them in one round), dh and dVn hold one round's chunks, each at its
+  // place in the round: by segment, segment z's chunks from round_first[round Z + z] on
+  // (Z = N seg_count), by slots slot - round round_len; the chunk at each place in round_chunks
+  // (chunk_table). Where a round starts inside a segment (a boundary), the state gradient waits
+  // for the round before in round_dstate, and the state entering the round is in round_state,
+  // which a training forward (Pass::output) or the backward (Pass::states) writes.
   int rounds, round_len, round_slots, round;
-  int* round_first;          // [rounds, Z]
+  bool round_by_slots;
+  int* round_first;          // [rounds, Z]  (by segment)
   RoundChunk* round_chunks;  // [rounds, round_slots]
-  float* round_dstate;       // [Z, HV, K, V]  (rounds > 1)
-  float* round_state;        // [rounds - 1, Z, HV, K, V]  (rounds > 1; else null)
+  float* round_state;        // [boundaries, HV, K, V]  (rounds > 1; boundary() says which)
+  float* round_dstate;       // [boundaries, HV, K, V]  (rounds > 1)
   bf16* dh;     // [round_slots, HV, V, K]  the gradient of the state leaving a chunk, transposed
   bf16* dvn;    // [round_slots, HV, 64, V]  dVn
   void* dq;     // [B, T, HK, K]  In
@@ -156,9 +159,29 @@ __device__ inline Segment segment(const Params& p, int z) {
   return {n, k, begin, end - begin, k == 0, end == p.chunk_begin[n + 1]};
 }
 
-// The place of segment z's first chunk in round p.round's dh, dVn.
-__device__ inline int round_place(const Params& p, int z) {
-  return p.round_first[static_cast<long long>(p.round) * p.N * p.seg_count + z];
+// Round p.round's part of segment z: its chunks [lo, hi) (none when lo >= hi), the first at
+// `place` in the round's h, Vn, dh, dVn.
+struct RoundSpan {
+  int lo, hi, place;
+};
+__device__ inline RoundSpan round_span(const Params& p, const Segment& seg, int z) {
+  if (p.round_by_slots) {
+    const int begin = p.round * p.round_len - seg.first;  // the round's first slot, in the segment
+    const int lo = max(0, begin);
+    return {lo, min(seg.chunks, begin + p.round_len), lo - begin};
+  }
+  const int lo = p.round * p.round_len;
+  return {lo, min(seg.chunks, lo + p.round_len),
+          p.round_first[static_cast<long long>(p.round) * p.N * p.seg_count + z]};
+}
+// Whether a round starts at chunk i > 0 of segment z (a boundary), and the index of that
+// boundary's matrices in round_state and round_dstate.
+__device__ inline bool round_starts(const Params& p, const Segment& seg, int i) {
+  return i > 0 && (p.round_by_slots ? seg.first + i : i) % p.round_len == 0;
+}
+__device__ inline int boundary(const Params& p, const Segment& seg, int z, int i) {
+  return p.round_by_slots ? (seg.first + i) / p.round_len - 1
+                          : (i / p.round_len - 1) * p.N * p.seg_count + z;
 }
 
 // Whether sequence n enters with a carried state, or leaves one, and its chain.

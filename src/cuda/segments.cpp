@@ -122,18 +122,28 @@ SegmentPlan plan_segments(std::int64_t heads, std::int64_t longest, bool carried
 RoundPlan plan_rounds(std::int64_t segments, std::int64_t segment_length, std::int64_t chunk_slots,
                       std::int64_t value_heads) {
   const RoundPlan whole{1, static_cast<int>(segment_length), chunk_slots};
-  // The longest round within the bytes, then as many rounds of equal length as that takes (at
-  // most kMaxRounds, longer than the bytes allow if need be).
+  // A plan's bytes: a round's chunks, and a state and a state gradient at each boundary.
+  const auto bytes = [&](const RoundPlan& r) {
+    return (r.slots * kSlotBytes + 2 * r.boundaries(segments) * kCarryBytes) * value_heads;
+  };
+  const auto cuts = [&](const RoundPlan& r) { return r.count > 1 && bytes(r) < bytes(whole); };
+  // By segment: the longest round within the bytes, then as many rounds of equal length as that
+  // takes (at most kMaxRounds, longer than the bytes allow if need be).
   const std::int64_t longest =
       std::max<std::int64_t>(1, kRoundBytes / (segments * value_heads * kSlotBytes));
-  RoundPlan rounds;
-  rounds.count = static_cast<int>(std::min(kMaxRounds, ceil_div(segment_length, longest)));
-  rounds.length = static_cast<int>(ceil_div(segment_length, rounds.count));
-  rounds.slots = std::min(chunk_slots, segments * rounds.length);
-  // Carried: the state gradient between rounds, and the state entering each round but the first.
-  const std::int64_t carry = segments * kCarryBytes * rounds.count;
-  const std::int64_t cut = (rounds.slots * kSlotBytes + carry) * value_heads;
-  return rounds.count > 1 && cut < chunk_slots * value_heads * kSlotBytes ? rounds : whole;
+  RoundPlan by_segment;
+  by_segment.count = static_cast<int>(std::min(kMaxRounds, ceil_div(segment_length, longest)));
+  by_segment.length = static_cast<int>(ceil_div(segment_length, by_segment.count));
+  by_segment.slots = std::min(chunk_slots, segments * by_segment.length);
+  if (cuts(by_segment)) return by_segment;
+  // By slots: as many slots as the bytes allow, in at most kMaxRounds rounds.
+  RoundPlan by_slots;
+  by_slots.by_slots = true;
+  by_slots.slots = std::max(ceil_div(chunk_slots, kMaxRounds),
+                            std::max<std::int64_t>(1, kRoundBytes / (value_heads * kSlotBytes)));
+  by_slots.count = static_cast<int>(ceil_div(chunk_slots, by_slots.slots));
+  by_slots.length = static_cast<int>(by_slots.slots);
+  return cuts(by_slots) ? by_slots : whole;
 }
 
 }  // namespace gdn::cuda

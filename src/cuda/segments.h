@@ -27,14 +27,22 @@ SegmentPlan plan_segments(std::int64_t heads, std::int64_t longest, bool carried
                           int multiprocessors);
 
 // The backward's gradient pass (the state recompute, state_backward, then grad_chunk) runs in
-// `count` rounds, the last first, each over `length` chunks of every segment, so that h, Vn, dh
-// and dVn hold one round's chunks (`slots` of them a value head) instead of the call's. Between
-// rounds each segment's state gradient waits in a [K][V] f32 matrix a (segment, value head), and
-// with more than one round a training forward keeps, instead of h and Vn of every chunk, only
-// the f32 state entering each round but the first, from which the backward recomputes them.
+// `count` rounds, the last first, so that h, Vn, dh and dVn hold one round's chunks (`slots` of
+// them a value head) instead of the call's. A round runs either `length` chunks of every segment
+// (by segment: each round keeps every segment busy), or, when that cannot cut the buffers (many
+// segments whose lengths the host does not know, each of which may be the longest), the chunk
+// slots [r length, (r + 1) length) (by slots: a segment's chunks are consecutive slots, so at
+// most one segment crosses each boundary). Across a boundary inside a segment, the state
+// gradient waits in a [K][V] f32 matrix a value head, and, with more than one round, a training
+// forward keeps, instead of h and Vn of every chunk, the f32 state there, from which the
+// backward recomputes them.
 struct RoundPlan {
   int count = 1, length = 1;
   std::int64_t slots = 0;
+  bool by_slots = false;
+  std::int64_t boundaries(std::int64_t segments) const {  // the carried matrices a value head
+    return by_slots ? count - 1 : (count - 1) * segments;
+  }
 };
 
 // segments: sequences x segments of segment_length chunks; chunk_slots: the chunk slots planned.

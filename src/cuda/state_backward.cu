@@ -26,11 +26,11 @@ __global__ void __launch_bounds__(kThreads, 1) state_backward_kernel(Params p) {
   const Segment seg = segment(p, z);
   // The chunks this block runs: the segment's (a summary), or its part in this round, whose
   // dh and dVn go to the round's places from `place` on.
-  const int lo = kSummary ? 0 : p.round * p.round_len;
-  const int hi = kSummary ? seg.chunks : min(seg.chunks, lo + p.round_len);
+  const RoundSpan round = kSummary ? RoundSpan{0, seg.chunks, 0} : round_span(p, seg, z);
+  const int lo = round.lo, hi = round.hi;
   if (lo >= hi || (kSummary && !has_grad_offset(p, seg))) return;
   const int first = seg.first + lo, chunks = hi - lo;
-  [[maybe_unused]] const int place = kSummary ? 0 : round_place(p, z);
+  [[maybe_unused]] const int place = round.place;
   const int c = 2 * (lane % 4);
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* smem = align_1024(smem_raw);
@@ -49,7 +49,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_backward_kernel(Params p) {
   if (kSummary && !seg.is_last)
     load_state(dS, nullptr, vw);
   else if (hi < seg.chunks)  // from the round after this one
-    load_state(dS, segment_matrix(p.round_dstate, p, z, hv), vw);
+    load_state(dS, boundary_matrix(p.round_dstate, p, boundary(p, seg, z, hi), hv), vw);
   else if (seg.is_last)
     load_state(dS, sequence_matrix(p.dht, p, seg.n, hv), vw);
   else
@@ -136,7 +136,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_backward_kernel(Params p) {
                                              : segment_matrix(p.seg_dlocal, p, z, hv),
                 vw, dS);
   else if (lo > 0)  // for the round before this one
-    store_state(segment_matrix(p.round_dstate, p, z, hv), vw, dS);
+    store_state(boundary_matrix(p.round_dstate, p, boundary(p, seg, z, lo), hv), vw, dS);
   else if (p.dh0 && seg.is_first)
     store_state(sequence_matrix(p.dh0, p, seg.n, hv), vw, dS);
 }

@@ -41,12 +41,13 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
   if (kSummary && !(transfer ? has_transfer(p, seg) : has_offset(p, seg))) return;
   // The chunks this block runs: a transfer part's, this round's, or the whole segment's.
   const int part = blockIdx.z - 1;
-  const int skip = transfer ? part * p.part_len : kRound ? p.round * p.round_len : 0;
-  const int span = transfer ? p.part_len : kRound ? p.round_len : seg.chunks;
+  const RoundSpan round = kRound ? round_span(p, seg, z) : RoundSpan{0, seg.chunks, 0};
+  const int skip = transfer ? part * p.part_len : round.lo;
+  const int span = transfer ? p.part_len : round.hi - round.lo;
   const int first = seg.first + skip, chunks = max(0, min(seg.chunks - skip, span));
   if (kRound && chunks == 0) return;
   // Where chunk i's h and Vn go: its place in the round, or its slot.
-  [[maybe_unused]] const int at = kRound ? round_place(p, z) : first;
+  [[maybe_unused]] const int at = kRound ? round.place : first;
   const int c = 2 * (lane % 4);  // this lane's first column within an 8-column tile
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* smem = align_1024(smem_raw);
@@ -72,7 +73,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
   else if (kSummary && !seg.is_first)
     load_state(S, nullptr, vw);
   else if (skip > 0)  // a round after the segment's first (recompute)
-    load_state(S, round_matrix(p, p.round - 1, z, hv), vw);
+    load_state(S, boundary_matrix(p.round_state, p, boundary(p, seg, z, skip), hv), vw);
   else if (seg.is_first)
     load_state(S, sequence_matrix(p.h0, p, seg.n, hv), vw);
   else
@@ -90,8 +91,8 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
   state_to_a(sa, S);
   for (int i = 0; i < chunks; ++i) {
     if constexpr (kRoundStates)
-      if (p.round_state && i > 0 && i % p.round_len == 0)
-        store_state(round_matrix(p, i / p.round_len - 1, z, hv), vw, S);
+      if (p.round_state && round_starts(p, seg, i))
+        store_state(boundary_matrix(p.round_state, p, boundary(p, seg, z, i), hv), vw, S);
     wait_tiles(pipe, i);
     const Tiles t = tiles(smem, i % kStages);
     [[maybe_unused]] const long long s = slot(p, at + i, hv);

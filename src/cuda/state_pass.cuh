@@ -66,9 +66,10 @@ __device__ inline T* sequence_matrix(T* base, const Params& p, int n, int hv) {
 __device__ inline float* segment_matrix(float* base, const Params& p, int z, int hv) {
   return base + (static_cast<long long>(z) * p.HV + hv) * kD * kD;
 }
-// The state entering round r + 1 of segment z (value head hv), f32 [K][V].
-__device__ inline float* round_matrix(const Params& p, int r, int z, int hv) {
-  return segment_matrix(p.round_state, p, r * p.N * p.seg_count + z, hv);
+// The [K][V] f32 matrix of boundary b (params.cuh: boundary), value head hv, in round_state or
+// round_dstate.
+__device__ inline float* boundary_matrix(float* base, const Params& p, int b, int hv) {
+  return base + (static_cast<long long>(b) * p.HV + hv) * kD * kD;
 }
 // Part j of segment z's transfer M_z,j (value head hv): chunks [j part_len, (j + 1) part_len)
 // of the segment, the identity where the segment ends before.
