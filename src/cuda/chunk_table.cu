@@ -175,6 +175,8 @@ __global__ void chunk_table_kernel(Params p) {
     const long long places = static_cast<long long>(p.rounds) * p.round_slots;
     for (long long i = threadIdx.x; i < places; i += blockDim.x)
       p.round_chunks[i] = RoundChunk{0, ChunkInfo{0, 0, 0, 0, 0}};
+    for (int r = threadIdx.x; r < p.rounds && p.round_by_slots; r += blockDim.x)
+      p.round_first[r] = segments;  // by slots: a round past the chunks (set below if not)
     __syncthreads();
   }
   for (int cid = threadIdx.x; cid < p.NC; cid += blockDim.x) {
@@ -200,6 +202,7 @@ __global__ void chunk_table_kernel(Params p) {
                                          : p.round_first[r * segments + info.n * p.seg_count + k] +
                                                local % p.round_len;
       p.round_chunks[static_cast<long long>(r) * p.round_slots + place] = RoundChunk{cid, info};
+      if (p.round_by_slots && place == 0) p.round_first[r] = info.n * p.seg_count + k;
     }
   }
   if (mismatch) poison_gradients(p);

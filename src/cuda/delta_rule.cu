@@ -279,7 +279,7 @@ std::size_t plan(const DeltaRuleInputs& in, const DeltaRuleShape& s, ChunkCount 
     p.h = b.take<bf16>(rounds.slots * s.HV * kD * kD);
     p.vn = b.take<bf16>(rounds.slots * s.HV * kC * kD);
   }
-  if (!rounds.by_slots) p.round_first = b.take<int>(rounds.count * segments);
+  p.round_first = b.take<int>(rounds.by_slots ? rounds.count : rounds.count * segments);
   p.round_chunks = b.take<cuda::RoundChunk>(rounds.count * rounds.slots);
   if (rounds.count > 1) p.round_dstate = b.take<float>(at_boundaries);
   p.dh = b.take<bf16>(rounds.slots * s.HV * kD * kD);

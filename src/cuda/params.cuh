@@ -109,7 +109,7 @@ struct Params {
   // which a training forward (Pass::output) or the backward (Pass::states) writes.
   int rounds, round_len, round_slots, round;
   bool round_by_slots;
-  int* round_first;          // [rounds, Z]  (by segment)
+  int* round_first;          // [rounds, Z] by segment; [rounds] by slots (round_segment)
   RoundChunk* round_chunks;  // [rounds, round_slots]
   float* round_state;        // [boundaries, HV, K, V]  (rounds > 1; boundary() says which)
   float* round_dstate;       // [boundaries, HV, K, V]  (rounds > 1)
@@ -173,6 +173,22 @@ __device__ inline RoundSpan round_span(const Params& p, const Segment& seg, int 
   const int lo = p.round * p.round_len;
   return {lo, min(seg.chunks, lo + p.round_len),
           p.round_first[static_cast<long long>(p.round) * p.N * p.seg_count + z]};
+}
+// A round's launch over segments: by slots, only those from the segment holding the round's first
+// slot (round_first[round], Z past the chunks) on, at most round_len seg_count of them (each
+// sequence in the round has a chunk there, and at most seg_count - 1 empty segments after it):
+// with many short sequences most segments have nothing in a round, and their blocks, one an SM
+// at a time, would cost a wave each. round_segment gives block y's segment, Z when none.
+__host__ __device__ inline int round_segments(const Params& p) {
+  const long long all = static_cast<long long>(p.N) * p.seg_count;
+  return static_cast<int>(p.round_by_slots
+                              ? (all < static_cast<long long>(p.round_len) * p.seg_count
+                                     ? all
+                                     : static_cast<long long>(p.round_len) * p.seg_count)
+                              : all);
+}
+__device__ inline int round_segment(const Params& p, int y) {
+  return p.round_by_slots ? min(p.round_first[p.round] + y, p.N * p.seg_count) : y;
 }
 // Whether a round starts at chunk i > 0 of segment z (a boundary), and the index of that
 // boundary's matrices in round_state and round_dstate.

@@ -22,7 +22,9 @@ using namespace state_pass;
 template <typename In, bool kSummary>
 __global__ void __launch_bounds__(kThreads, 1) state_backward_kernel(Params p) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int hv = blockIdx.x, z = blockIdx.y, vw = 16 * warp;
+  const int hv = blockIdx.x, vw = 16 * warp;
+  const int z = kSummary ? blockIdx.y : round_segment(p, blockIdx.y);
+  if (z == p.N * p.seg_count) return;
   const Segment seg = segment(p, z);
   // The chunks this block runs: the segment's (a summary), or its part in this round, whose
   // dh and dVn go to the round's places from `place` on.
@@ -148,7 +150,8 @@ void launch_state_backward(const Params& p, cudaStream_t stream) {
   auto kernel = state_backward_kernel<In, kSummary>;
   GDN_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Stage::smem_bytes));
-  kernel<<<dim3(p.HV, p.N * p.seg_count), kThreads, Stage::smem_bytes, stream>>>(p);
+  const int segments = kSummary ? p.N * p.seg_count : round_segments(p);
+  kernel<<<dim3(p.HV, segments), kThreads, Stage::smem_bytes, stream>>>(p);
   GDN_CUDA_CHECK_LAUNCH();
 }
 

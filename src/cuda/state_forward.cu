@@ -34,7 +34,9 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
   constexpr bool kRound = kPass == Pass::recompute;  // one round's chunks
   constexpr bool kSummary = kPass == Pass::summary;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int hv = blockIdx.x, z = blockIdx.y, vw = 16 * warp;
+  const int hv = blockIdx.x, vw = 16 * warp;
+  const int z = kRound ? round_segment(p, blockIdx.y) : blockIdx.y;
+  if (z == p.N * p.seg_count) return;
   const Segment seg = segment(p, z);
   const bool transfer = kSummary && blockIdx.z > 0;
   if (seg.chunks <= 0) return;
@@ -211,7 +213,8 @@ void launch_state_forward(const Params& p, cudaStream_t stream) {
   GDN_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Stage::smem_bytes));
   const int kinds = kPass == Pass::summary ? 1 + p.seg_parts : 1;
-  kernel<<<dim3(p.HV, p.N * p.seg_count, kinds), kThreads, Stage::smem_bytes, stream>>>(p);
+  const int segments = kPass == Pass::recompute ? round_segments(p) : p.N * p.seg_count;
+  kernel<<<dim3(p.HV, segments, kinds), kThreads, Stage::smem_bytes, stream>>>(p);
   GDN_CUDA_CHECK_LAUNCH();
 }
 
