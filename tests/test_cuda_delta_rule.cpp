@@ -225,6 +225,14 @@ TEST(CudaDeltaRule, TransferParts) {
   check_problem(base(8192, 1, 2), true, true, true, nullptr, nullptr, 16);
   check_problem(base(20480, 1, 2), false, false, true, nullptr, nullptr, 16);
 }
+// The backward's three ways to its h and Vn on `copies` copies of p's head group: the training
+// path (offsets on the host), a backward reading an inference forward's workspace, and the
+// offsets on the device only (the backward recomputes everything).
+void check_backward_paths(const Problem& p, int copies) {
+  check_problem(p, true, true, true, nullptr, nullptr, copies);
+  check_problem(p, true, false, true, nullptr, nullptr, copies);
+  check_problem(p, false, false, false, nullptr, nullptr, copies);
+}
 // The gradient pass in rounds (segments.h: RoundPlan), the last first, h, Vn, dh and dVn holding
 // one round's chunks: 32 copies of one head group make 64 value heads over three sequences of
 // 142, 2 and 141 chunks, in 4 rounds of 36 chunks, so that a sequence has no chunks in the later
@@ -248,9 +256,7 @@ TEST(CudaDeltaRule, BackwardRounds) {
   EXPECT_GT(rounds(142, 142 + 2 + 141, true), 2);
   EXPECT_GT(rounds(142, 142 + 2 + 141, false), 2);
   EXPECT_GT(rounds((p.T + 63) / 64, (p.T + 63 * 3) / 64, false), 3);
-  check_problem(p, true, true, true, nullptr, nullptr, copies);
-  check_problem(p, true, false, true, nullptr, nullptr, copies);
-  check_problem(p, false, false, false, nullptr, nullptr, copies);
+  check_backward_paths(p, copies);
 }
 // Rounds by chunk slots (segments.h), for many sequences: 40 of them over 474 chunks, the first
 // 301 chunks long, the others 1 to 7, with 64 value heads (32 copies of one head group). Rounds
@@ -268,9 +274,7 @@ TEST(CudaDeltaRule, BackwardRoundsBySlots) {
   const cuda::RoundPlan rounds = cuda::plan_rounds(n * seg.count, seg.length, 474, heads);
   EXPECT_TRUE(rounds.by_slots);
   EXPECT_EQ(rounds.count, 4);
-  check_problem(p, true, true, true, nullptr, nullptr, copies);
-  check_problem(p, true, false, true, nullptr, nullptr, copies);
-  check_problem(p, false, false, false, nullptr, nullptr, copies);
+  check_backward_paths(p, copies);
 }
 TEST(CudaDeltaRule, F16) {
   Problem p = base(500, 2, 2);

@@ -181,11 +181,8 @@ __device__ inline RoundSpan round_span(const Params& p, const Segment& seg, int 
 // at a time, would cost a wave each. round_segment gives block y's segment, Z when none.
 __host__ __device__ inline int round_segments(const Params& p) {
   const long long all = static_cast<long long>(p.N) * p.seg_count;
-  return static_cast<int>(p.round_by_slots
-                              ? (all < static_cast<long long>(p.round_len) * p.seg_count
-                                     ? all
-                                     : static_cast<long long>(p.round_len) * p.seg_count)
-                              : all);
+  const long long most = p.round_by_slots ? static_cast<long long>(p.round_len) * p.seg_count : all;
+  return static_cast<int>(most < all ? most : all);
 }
 __device__ inline int round_segment(const Params& p, int y) {
   return p.round_by_slots ? min(p.round_first[p.round] + y, p.N * p.seg_count) : y;
