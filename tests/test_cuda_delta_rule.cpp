@@ -276,6 +276,21 @@ TEST(CudaDeltaRule, BackwardRoundsBySlots) {
   EXPECT_EQ(rounds.count, 4);
   check_backward_paths(p, copies);
 }
+// Many short sequences, which the state passes' blocks run in groups (segments.h:
+// segment_group): 300 sequences of 1 to 130 tokens with 64 value heads (32 copies of one head
+// group), 18 sequences a block in the forward and 7 in each round by slots of the backward, so
+// that a block's sequences start and end inside its walk, each with its own initial state, final
+// state and their gradients. The training path, a backward reading an inference forward's
+// workspace (its states pass in groups too), and the offsets on the device only.
+TEST(CudaDeltaRule, ShortSequencesInGroups) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  Problem p = base(0, 1, 2);
+  for (int i = 0; i < 300; ++i) p.seqlens.push_back(1 + (i * 53) % 130);
+  for (auto n : p.seqlens) p.T += n;
+  const int copies = 32, heads = 2 * copies;
+  EXPECT_EQ(cuda::segment_group(300, heads, multiprocessors()), 18);
+  check_backward_paths(p, copies);
+}
 TEST(CudaDeltaRule, F16) {
   Problem p = base(500, 2, 2);
   p.dtype = DType::f16;

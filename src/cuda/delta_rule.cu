@@ -112,13 +112,18 @@ ChunkCount count_chunks(const DeltaRuleInputs& in, const DeltaRuleShape& s,
   return count;
 }
 
-// The segments and transfer parts of the state passes (segments.h: the cost model).
-void choose_segments(std::int64_t heads, std::int64_t longest, bool carried, bool training,
-                     cuda::Params& p) {
+int multiprocessors() {
   int device = 0, sms = 1;
   GDN_CUDA_CHECK(cudaGetDevice(&device));
   GDN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  const cuda::SegmentPlan plan = cuda::plan_segments(heads, longest, carried, training, sms);
+  return sms;
+}
+
+// The segments and transfer parts of the state passes (segments.h: the cost model).
+void choose_segments(std::int64_t heads, std::int64_t longest, bool carried, bool training,
+                     cuda::Params& p) {
+  const cuda::SegmentPlan plan =
+      cuda::plan_segments(heads, longest, carried, training, multiprocessors());
   p.seg_count = plan.count;
   p.seg_len = plan.length;
   p.seg_parts = plan.parts;
@@ -250,6 +255,10 @@ std::size_t plan(const DeltaRuleInputs& in, const DeltaRuleShape& s, ChunkCount 
   p.round_len = rounds.length;
   p.round_slots = static_cast<int>(rounds.slots);
   p.round_by_slots = rounds.by_slots;
+  const int sms = multiprocessors();
+  p.seg_group = cuda::segment_group(segments, s.HV, sms);
+  p.round_group =
+      cuda::segment_group(std::min<std::int64_t>(segments, rounds.slots * p.seg_count), s.HV, sms);
   const std::int64_t at_boundaries = rounds.boundaries(segments) * s.HV * kD * kD;  // floats
   if (saved && rounds.count == 1) {
     p.h = c.take<bf16>(slots * kD * kD);

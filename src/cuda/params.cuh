@@ -34,7 +34,9 @@ struct Params {
   // Shapes. N sequences; NC chunk slots (an upper bound on the chunk count); each sequence cut
   // into at most seg_count segments of seg_len chunks, the transfer summary of a segment into
   // seg_parts parts of part_len chunks (segments.h).
-  int B, T, HK, HV, N, NC, seg_count, seg_len, seg_parts, part_len;
+  // seg_group, round_group: the segments a block of a pass over whole segments, or of a round
+  // by slots, runs one after another (state_pass.cuh: walk).
+  int B, T, HK, HV, N, NC, seg_count, seg_len, seg_parts, part_len, seg_group, round_group;
   float scale;
   bool l2norm;
   int beta_code;  // 0 f32, 1 bf16, 2 f16 (the dtype of beta; dbeta has the same code)
@@ -100,7 +102,7 @@ struct Params {
   const float* dht;  // [N, HV, K, V]  optional
   // The gradient pass runs in rounds (segments.h: RoundPlan), the last first: launch `round` of
   // `rounds` runs chunks [round round_len, (round + 1) round_len) of every segment, or with
-  // round_by_slots the chunk slots [round round_len, (round + 1) round_len) (round_span). h, Vn
+  // round_by_slots the chunk slots [round round_len, (round + 1) round_len) (walk). h, Vn
   // (unless the forward saved them in one round), dh and dVn hold one round's chunks, each at its
   // place in the round: by segment, segment z's chunks from round_first[round Z + z] on
   // (Z = N seg_count), by slots slot - round round_len; the chunk at each place in round_chunks
@@ -109,7 +111,7 @@ struct Params {
   // which a training forward (Pass::output) or the backward (Pass::states) writes.
   int rounds, round_len, round_slots, round;
   bool round_by_slots;
-  int* round_first;          // [rounds, Z] by segment; [rounds] by slots (round_segment)
+  int* round_first;          // [rounds, Z] by segment; [rounds] by slots (round_blocks)
   RoundChunk* round_chunks;  // [rounds, round_slots]
   float* round_state;        // [boundaries, HV, K, V]  (rounds > 1; boundary() says which)
   float* round_dstate;       // [boundaries, HV, K, V]  (rounds > 1)
@@ -159,42 +161,25 @@ __device__ inline Segment segment(const Params& p, int z) {
   return {n, k, begin, end - begin, k == 0, end == p.chunk_begin[n + 1]};
 }
 
-// Round p.round's part of segment z: its chunks [lo, hi) (none when lo >= hi), the first at
-// `place` in the round's h, Vn, dh, dVn.
-struct RoundSpan {
-  int lo, hi, place;
-};
-__device__ inline RoundSpan round_span(const Params& p, const Segment& seg, int z) {
-  if (p.round_by_slots) {
-    const int begin = p.round * p.round_len - seg.first;  // the round's first slot, in the segment
-    const int lo = max(0, begin);
-    return {lo, min(seg.chunks, begin + p.round_len), lo - begin};
-  }
-  const int lo = p.round * p.round_len;
-  return {lo, min(seg.chunks, lo + p.round_len),
-          p.round_first[static_cast<long long>(p.round) * p.N * p.seg_count + z]};
-}
-// A round's launch over segments: by slots, only those from the segment holding the round's first
-// slot (round_first[round], Z past the chunks) on, at most round_len seg_count of them (each
+// A round's launch: by slots, blocks of round_group segments from the one holding the round's first
+// slot (round_first[round], Z past the chunks) on, at most round_len seg_count segments (each
 // sequence in the round has a chunk there, and at most seg_count - 1 empty segments after it):
 // with many short sequences most segments have nothing in a round, and their blocks, one an SM
-// at a time, would cost a wave each. round_segment gives block y's segment, Z when none.
-__host__ __device__ inline int round_segments(const Params& p) {
+// at a time, would cost a wave each. By segment, a block a segment.
+__host__ __device__ inline int round_blocks(const Params& p) {
   const long long all = static_cast<long long>(p.N) * p.seg_count;
-  const long long most = p.round_by_slots ? static_cast<long long>(p.round_len) * p.seg_count : all;
-  return static_cast<int>(most < all ? most : all);
+  if (!p.round_by_slots) return static_cast<int>(all);
+  const long long most = static_cast<long long>(p.round_len) * p.seg_count;
+  return static_cast<int>(((all < most ? all : most) + p.round_group - 1) / p.round_group);
 }
-__device__ inline int round_segment(const Params& p, int y) {
-  return p.round_by_slots ? min(p.round_first[p.round] + y, p.N * p.seg_count) : y;
+// Whether a round starts at slot cid, chunk `local` > 0 of segment z (a boundary), and the index
+// of that boundary's matrices in round_state and round_dstate.
+__device__ inline bool round_starts(const Params& p, int cid, int local) {
+  return local > 0 && (p.round_by_slots ? cid : local) % p.round_len == 0;
 }
-// Whether a round starts at chunk i > 0 of segment z (a boundary), and the index of that
-// boundary's matrices in round_state and round_dstate.
-__device__ inline bool round_starts(const Params& p, const Segment& seg, int i) {
-  return i > 0 && (p.round_by_slots ? seg.first + i : i) % p.round_len == 0;
-}
-__device__ inline int boundary(const Params& p, const Segment& seg, int z, int i) {
-  return p.round_by_slots ? (seg.first + i) / p.round_len - 1
-                          : (i / p.round_len - 1) * p.N * p.seg_count + z;
+__device__ inline int boundary(const Params& p, int cid, int local, int z) {
+  return p.round_by_slots ? cid / p.round_len - 1
+                          : (local / p.round_len - 1) * p.N * p.seg_count + z;
 }
 
 // Whether sequence n enters with a carried state, or leaves one, and its chain.

@@ -119,6 +119,12 @@ SegmentPlan plan_segments(std::int64_t heads, std::int64_t longest, bool carried
                              std::max(1, multiprocessors));
 }
 
+int segment_group(std::int64_t segments, std::int64_t value_heads, int multiprocessors) {
+  constexpr std::int64_t kWaves = 8;
+  return static_cast<int>(
+      std::max<std::int64_t>(1, segments * value_heads / (kWaves * std::max(1, multiprocessors))));
+}
+
 RoundPlan plan_rounds(std::int64_t segments, std::int64_t segment_length, std::int64_t chunk_slots,
                       std::int64_t value_heads) {
   const RoundPlan whole{1, static_cast<int>(segment_length), chunk_slots};

@@ -26,6 +26,12 @@ struct SegmentPlan {
 SegmentPlan plan_segments(std::int64_t heads, std::int64_t longest, bool carried, bool training,
                           int multiprocessors);
 
+// The segments a block of a state pass over `segments` segments runs one after another
+// (state_pass.cuh: walk), so that many short ones keep each block's copies a chunk or two ahead
+// of its products as one long one does: as many as leave about 8 waves of blocks, 1 where the
+// segments are few (one a block).
+int segment_group(std::int64_t segments, std::int64_t value_heads, int multiprocessors);
+
 // The backward's gradient pass (the state recompute, state_backward, then grad_chunk) runs in
 // `count` rounds, the last first, so that h, Vn, dh and dVn hold one round's chunks (`slots` of
 // them a value head) instead of the call's. A round runs either `length` chunks of every segment

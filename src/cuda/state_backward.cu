@@ -23,16 +23,18 @@ template <typename In, bool kSummary>
 __global__ void __launch_bounds__(kThreads, 1) state_backward_kernel(Params p) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int hv = blockIdx.x, vw = 16 * warp;
-  const int z = kSummary ? blockIdx.y : round_segment(p, blockIdx.y);
-  if (z == p.N * p.seg_count) return;
-  const Segment seg = segment(p, z);
-  // The chunks this block runs: the segment's (a summary), or its part in this round, whose
-  // dh and dVn go to the round's places from `place` on.
-  const RoundSpan round = kSummary ? RoundSpan{0, seg.chunks, 0} : round_span(p, seg, z);
-  const int lo = round.lo, hi = round.hi;
-  if (lo >= hi || (kSummary && !has_grad_offset(p, seg))) return;
-  const int first = seg.first + lo, chunks = hi - lo;
-  [[maybe_unused]] const int place = round.place;
+  // The chunk slots this block runs, in reverse: a summary's segment, else its walk in this
+  // round (state_pass.cuh), whose dh and dVn go to the round's places from `w.place` on.
+  Walk w;
+  if constexpr (kSummary) {
+    const Segment seg = segment(p, blockIdx.y);
+    if (seg.chunks <= 0 || !has_grad_offset(p, seg)) return;
+    w = {seg.first, seg.first + seg.chunks, 0};
+  } else {
+    w = walk(p, blockIdx.y, true);
+    if (w.begin >= w.end) return;
+  }
+  const int chunks = w.end - w.begin;
   const int c = 2 * (lane % 4);
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* smem = align_1024(smem_raw);
@@ -42,105 +44,123 @@ __global__ void __launch_bounds__(kThreads, 1) state_backward_kernel(Params p) {
   __syncthreads();
   auto prefetch_step = [&](int step) {  // step 0 is the last chunk
     if (step < chunks)
-      fill(pipe, step, [&](int buf) {
-        prefetch(p, smem, buf, first + chunks - 1 - step, hv, true, true, p.d_o);
-      });
+      fill(pipe, step,
+           [&](int buf) { prefetch(p, smem, buf, w.end - 1 - step, hv, true, true, p.d_o); });
+  };
+  // The state gradient leaving a segment's last chunk here, slot cid (a summary's from zero but
+  // for a sequence's last segment).
+  auto leaving = [&](Acc(&dS)[16], int z, const ChunkInfo& info, int local, int cid) {
+    const bool last = ends_sequence(p, info);
+    if (kSummary && !last)
+      load_state(dS, nullptr, vw);
+    else if (cid + 1 < segment_start(p, z + 1))  // the segment goes on in the round after
+      load_state(dS, boundary_matrix(p.round_dstate, p, boundary(p, cid + 1, local + 1, z), hv),
+                 vw);
+    else if (last)
+      load_state(dS, sequence_matrix(p.dht, p, info.n, hv), vw);
+    else
+      load_state(dS, segment_matrix(p.seg_dstate, p, z, hv), vw);
   };
 
   Acc dS[16];
-  if (kSummary && !seg.is_last)
-    load_state(dS, nullptr, vw);
-  else if (hi < seg.chunks)  // from the round after this one
-    load_state(dS, boundary_matrix(p.round_dstate, p, boundary(p, seg, z, hi), hv), vw);
-  else if (seg.is_last)
-    load_state(dS, sequence_matrix(p.dht, p, seg.n, hv), vw);
-  else
-    load_state(dS, segment_matrix(p.seg_dstate, p, z, hv), vw);
   for (int step = 0; step < kStages - 1; ++step) prefetch_step(step);
-  for (int step = 0; step < chunks; ++step) {
-    wait_tiles(pipe, step);
-    const Tiles t = tiles(smem, step % kStages);
-    [[maybe_unused]] const long long s = slot(p, place + chunks - 1 - step, hv);  // dh, dVn
+  // A segment at a time, from its last chunk here (top) down to its first here (bottom); the
+  // pipeline runs on across them.
+  for (int step = 0; step < chunks;) {
+    const int top = w.end - 1 - step;
+    const ChunkInfo info = p.chunks[top];
+    const Position at = position(p, info);
+    const int z = at.z, bottom = max(w.begin, segment_start(p, z));
+    leaving(dS, z, info, at.local, top);
+    for (const int end = step + top - bottom + 1; step < end; ++step) {
+      wait_tiles(pipe, step);
+      const Tiles t = tiles(smem, step % kStages);
+      [[maybe_unused]] const long long s = slot(p, w.place + chunks - 1 - step, hv);  // dh, dVn
 
-    std::uint32_t da[8][4];
-    state_to_a(da, dS);
+      std::uint32_t da[8][4];
+      state_to_a(da, dS);
 
-    // dVn^T = (dS^T K^T) diag(f) + dO^T P; dO^T is loaded while dS^T K^T runs, and dO^T P (off
-    // the chain: it does not depend on dS) is issued behind it into its own accumulator.
-    Acc dvn[8], u[8];
-    wgmma_fence();
-    wgmma_nk(dvn, da, t.k, false);
-    wgmma_commit();
-    prefetch_step(step + kStages - 1);
-    if constexpr (!kSummary) store_state_t(p.dh + s * kD * kD, vw, da, staging);  // meanwhile
-    // dO^T, and dO^T diag(scale e) in two bf16 parts (sa + sl, pack_bf16_split): rounding it to
-    // bf16 once cost 30% of dh0's accuracy under strong gates (bench/rounding.py).
-    std::uint32_t oa[4][4], sa[4][4], sl[4][4];
+      // dVn^T = (dS^T K^T) diag(f) + dO^T P; dO^T is loaded while dS^T K^T runs, and dO^T P (off
+      // the chain: it does not depend on dS) is issued behind it into its own accumulator.
+      Acc dvn[8], u[8];
+      wgmma_fence();
+      wgmma_nk(dvn, da, t.k, false);
+      wgmma_commit();
+      prefetch_step(step + kStages - 1);
+      if constexpr (!kSummary) store_state_t(p.dh + s * kD * kD, vw, da, staging);  // meanwhile
+      // dO^T, and dO^T diag(scale e) in two bf16 parts (sa + sl, pack_bf16_split): rounding it to
+      // bf16 once cost 30% of dh0's accuracy under strong gates (bench/rounding.py).
+      std::uint32_t oa[4][4], sa[4][4], sl[4][4];
 #pragma unroll
-    for (int kt = 0; kt < 4; ++kt) {
-      float2 d[4];
-      load_slice_t<In>(d, t.v, kt);
-      const int c0 = 16 * kt + c, c8 = c0 + 8;
-      const float e0 = p.scale * t.eq[c0], e1 = p.scale * t.eq[c0 + 1], e8 = p.scale * t.eq[c8],
-                  e9 = p.scale * t.eq[c8 + 1];
-      oa[kt][0] = pack_bf16(d[0].x, d[0].y);
-      oa[kt][1] = pack_bf16(d[1].x, d[1].y);
-      oa[kt][2] = pack_bf16(d[2].x, d[2].y);
-      oa[kt][3] = pack_bf16(d[3].x, d[3].y);
-      sa[kt][0] = pack_bf16_split(e0 * d[0].x, e1 * d[0].y, sl[kt][0]);
-      sa[kt][1] = pack_bf16_split(e0 * d[1].x, e1 * d[1].y, sl[kt][1]);
-      sa[kt][2] = pack_bf16_split(e8 * d[2].x, e9 * d[2].y, sl[kt][2]);
-      sa[kt][3] = pack_bf16_split(e8 * d[3].x, e9 * d[3].y, sl[kt][3]);
+      for (int kt = 0; kt < 4; ++kt) {
+        float2 d[4];
+        load_slice_t<In>(d, t.v, kt);
+        const int c0 = 16 * kt + c, c8 = c0 + 8;
+        const float e0 = p.scale * t.eq[c0], e1 = p.scale * t.eq[c0 + 1], e8 = p.scale * t.eq[c8],
+                    e9 = p.scale * t.eq[c8 + 1];
+        oa[kt][0] = pack_bf16(d[0].x, d[0].y);
+        oa[kt][1] = pack_bf16(d[1].x, d[1].y);
+        oa[kt][2] = pack_bf16(d[2].x, d[2].y);
+        oa[kt][3] = pack_bf16(d[3].x, d[3].y);
+        sa[kt][0] = pack_bf16_split(e0 * d[0].x, e1 * d[0].y, sl[kt][0]);
+        sa[kt][1] = pack_bf16_split(e0 * d[1].x, e1 * d[1].y, sl[kt][1]);
+        sa[kt][2] = pack_bf16_split(e8 * d[2].x, e9 * d[2].y, sl[kt][2]);
+        sa[kt][3] = pack_bf16_split(e8 * d[3].x, e9 * d[3].y, sl[kt][3]);
+      }
+      wgmma_fence();
+      wgmma_kn(u, oa, t.pm, kC, false);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_acc(dvn);
+      fence_acc(u);
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dvn[nt][e] = dvn[nt][e] * t.fk[8 * nt + c + e % 2] + u[nt][e];
+
+      // Y = dVn^T A, then dS^T = gamma dS^T + (dO^T diag(scale e)) Q - (Y diag(beta e)) K (the
+      // Q term, two wgmma for the two parts, runs while dVn is stored and Y scaled).
+      std::uint32_t na[4][4];
+#pragma unroll
+      for (int kt = 0; kt < 4; ++kt) acc_to_a(na[kt], dvn, kt, [](int) { return 1.0f; });
+      const float gamma = t.e[kC - 1];
+#pragma unroll
+      for (int nt = 0; nt < 16; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dS[nt][e] *= gamma;
+      Acc y[8];
+      wgmma_fence();
+      wgmma_kn(y, na, t.a, kC, false);
+      wgmma_commit();
+      wgmma_kn(dS, sa, t.q, kC, true);
+      wgmma_kn(dS, sl, t.q, kC, true);
+      wgmma_commit();
+      if constexpr (!kSummary) store_tokens<bf16>(dvn, staging, p.dvn + s * kC * kD + vw, kD, kC);
+      wgmma_wait<1>();
+      fence_acc(y);
+      std::uint32_t ya[4][4];
+#pragma unroll
+      for (int kt = 0; kt < 4; ++kt) acc_to_a(ya[kt], y, kt, [&](int j) { return -t.bek[j]; });
+      wgmma_fence();
+      wgmma_kn(dS, ya, t.k, kC, true);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_acc(dS);
+      release(pipe, step);
     }
-    wgmma_fence();
-    wgmma_kn(u, oa, t.pm, kC, false);
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_acc(dvn);
-    fence_acc(u);
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) dvn[nt][e] = dvn[nt][e] * t.fk[8 * nt + c + e % 2] + u[nt][e];
-
-    // Y = dVn^T A, then dS^T = gamma dS^T + (dO^T diag(scale e)) Q - (Y diag(beta e)) K (the
-    // Q term, two wgmma for the two parts, runs while dVn is stored and Y scaled).
-    std::uint32_t na[4][4];
-#pragma unroll
-    for (int kt = 0; kt < 4; ++kt) acc_to_a(na[kt], dvn, kt, [](int) { return 1.0f; });
-    const float gamma = t.e[kC - 1];
-#pragma unroll
-    for (int nt = 0; nt < 16; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) dS[nt][e] *= gamma;
-    Acc y[8];
-    wgmma_fence();
-    wgmma_kn(y, na, t.a, kC, false);
-    wgmma_commit();
-    wgmma_kn(dS, sa, t.q, kC, true);
-    wgmma_kn(dS, sl, t.q, kC, true);
-    wgmma_commit();
-    if constexpr (!kSummary) store_tokens<bf16>(dvn, staging, p.dvn + s * kC * kD + vw, kD, kC);
-    wgmma_wait<1>();
-    fence_acc(y);
-    std::uint32_t ya[4][4];
-#pragma unroll
-    for (int kt = 0; kt < 4; ++kt) acc_to_a(ya[kt], y, kt, [&](int j) { return -t.bek[j]; });
-    wgmma_fence();
-    wgmma_kn(dS, ya, t.k, kC, true);
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_acc(dS);
-    release(pipe, step);
+    const int bottom_local = at.local - (top - bottom);
+    if constexpr (kSummary) {
+      const Segment seg = segment(p, z);
+      store_state(seg.is_last && !seg.is_first ? segment_matrix(p.seg_dstate, p, z - 1, hv)
+                                               : segment_matrix(p.seg_dlocal, p, z, hv),
+                  vw, dS);
+    } else if (bottom_local > 0) {  // for the round before this one
+      store_state(boundary_matrix(p.round_dstate, p, boundary(p, bottom, bottom_local, z), hv), vw,
+                  dS);
+    } else if (p.dh0 && z % p.seg_count == 0) {
+      store_state(sequence_matrix(p.dh0, p, z / p.seg_count, hv), vw, dS);
+    }
   }
-  if (kSummary)
-    store_state(seg.is_last && !seg.is_first ? segment_matrix(p.seg_dstate, p, z - 1, hv)
-                                             : segment_matrix(p.seg_dlocal, p, z, hv),
-                vw, dS);
-  else if (lo > 0)  // for the round before this one
-    store_state(boundary_matrix(p.round_dstate, p, boundary(p, seg, z, lo), hv), vw, dS);
-  else if (p.dh0 && seg.is_first)
-    store_state(sequence_matrix(p.dh0, p, seg.n, hv), vw, dS);
 }
 
 }  // namespace
@@ -150,8 +170,8 @@ void launch_state_backward(const Params& p, cudaStream_t stream) {
   auto kernel = state_backward_kernel<In, kSummary>;
   GDN_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Stage::smem_bytes));
-  const int segments = kSummary ? p.N * p.seg_count : round_segments(p);
-  kernel<<<dim3(p.HV, segments), kThreads, Stage::smem_bytes, stream>>>(p);
+  kernel<<<dim3(p.HV, kSummary ? p.N * p.seg_count : round_blocks(p)), kThreads, Stage::smem_bytes,
+           stream>>>(p);
   GDN_CUDA_CHECK_LAUNCH();
 }
 

@@ -35,21 +35,22 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
   constexpr bool kSummary = kPass == Pass::summary;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int hv = blockIdx.x, vw = 16 * warp;
-  const int z = kRound ? round_segment(p, blockIdx.y) : blockIdx.y;
-  if (z == p.N * p.seg_count) return;
-  const Segment seg = segment(p, z);
+  // The chunk slots this block runs: a summary's segment (or a part of its transfer), else its
+  // walk (state_pass.cuh).
   const bool transfer = kSummary && blockIdx.z > 0;
-  if (seg.chunks <= 0) return;
-  if (kSummary && !(transfer ? has_transfer(p, seg) : has_offset(p, seg))) return;
-  // The chunks this block runs: a transfer part's, this round's, or the whole segment's.
   const int part = blockIdx.z - 1;
-  const RoundSpan round = kRound ? round_span(p, seg, z) : RoundSpan{0, seg.chunks, 0};
-  const int skip = transfer ? part * p.part_len : round.lo;
-  const int span = transfer ? p.part_len : round.hi - round.lo;
-  const int first = seg.first + skip, chunks = max(0, min(seg.chunks - skip, span));
-  if (kRound && chunks == 0) return;
-  // Where chunk i's h and Vn go: its place in the round, or its slot.
-  [[maybe_unused]] const int at = kRound ? round.place : first;
+  Walk w;
+  if constexpr (kSummary) {
+    const Segment seg = segment(p, blockIdx.y);
+    if (seg.chunks <= 0 || !(transfer ? has_transfer(p, seg) : has_offset(p, seg))) return;
+    const int skip = transfer ? part * p.part_len : 0;
+    const int chunks = transfer ? max(0, min(seg.chunks - skip, p.part_len)) : seg.chunks;
+    w = {seg.first + skip, seg.first + skip + chunks, 0};
+  } else {
+    w = walk(p, blockIdx.y, kRound);
+    if (w.begin >= w.end) return;
+  }
+  const int chunks = w.end - w.begin;
   const int c = 2 * (lane % 4);  // this lane's first column within an 8-column tile
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* smem = align_1024(smem_raw);
@@ -65,144 +66,166 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
   auto prefetch_chunk = [&](int i) {
     if (i < chunks)
       fill(pipe, i, [&](int buf) {
-        prefetch(p, smem, buf, first + i, hv, kOutput, kOutput, transfer ? nullptr : p.v);
+        prefetch(p, smem, buf, w.begin + i, hv, kOutput, kOutput, transfer ? nullptr : p.v);
       });
+  };
+  // The state entering a segment's first chunk here (at `local` > 0: a round after its first).
+  auto entering = [&](Acc(&S)[16], int z, int local, int cid) {
+    const int n = z / p.seg_count;
+    if (transfer)
+      load_identity(S, vw);
+    else if (kSummary && z % p.seg_count > 0)
+      load_state(S, nullptr, vw);
+    else if (local > 0)
+      load_state(S, boundary_matrix(p.round_state, p, boundary(p, cid, local, z), hv), vw);
+    else if (z % p.seg_count == 0)
+      load_state(S, sequence_matrix(p.h0, p, n, hv), vw);
+    else
+      load_state(S, segment_matrix(p.seg_state, p, z, hv), vw);
   };
 
   Acc S[16];
-  if (transfer)
-    load_identity(S, vw);
-  else if (kSummary && !seg.is_first)
-    load_state(S, nullptr, vw);
-  else if (skip > 0)  // a round after the segment's first (recompute)
-    load_state(S, boundary_matrix(p.round_state, p, boundary(p, seg, z, skip), hv), vw);
-  else if (seg.is_first)
-    load_state(S, sequence_matrix(p.h0, p, seg.n, hv), vw);
-  else
-    load_state(S, segment_matrix(p.seg_state, p, z, hv), vw);
+  int z = blockIdx.y;  // the segment of the chunks in flight (a summary's: its block's)
   // O of chunk i is stored during chunk i + 1 (after that chunk's K S is issued), and its
   // buffer, whose P the product of O reads, is released then.
   [[maybe_unused]] Acc qs[8];
   [[maybe_unused]] auto store_o = [&](int i) {
-    const ChunkInfo info = p.chunks[first + i];
+    const ChunkInfo info = p.chunks[w.begin + i];
     In* o = static_cast<In*>(p.o) + v_row(p, info.b, info.t0, hv) * kD + vw;
     store_tokens<In>(qs, staging, o, static_cast<long long>(p.HV) * kD, info.len);
   };
   for (int i = 0; i < kStages - 1; ++i) prefetch_chunk(i);
-  std::uint32_t sa[8][4];  // the state entering chunk i, as bf16 A fragments
-  state_to_a(sa, S);
-  for (int i = 0; i < chunks; ++i) {
-    if constexpr (kRoundStates)
-      if (p.round_state && round_starts(p, seg, i))
-        store_state(boundary_matrix(p.round_state, p, boundary(p, seg, z, i), hv), vw, S);
-    wait_tiles(pipe, i);
-    const Tiles t = tiles(smem, i % kStages);
-    [[maybe_unused]] const long long s = slot(p, at + i, hv);
-
-    // (K S)^T and (Q S)^T = S^T K^T, S^T Q^T: B = K^T, Q^T, that is K, Q as K-major tiles.
-    Acc ks[8];
-    wgmma_fence();
-    wgmma_nk(ks, sa, t.k, false);
-    wgmma_commit();
-    if constexpr (kOutput) {
-      wgmma_wait<1>();  // K S may run on: marks qs as not in flight
-      if (i > 0) {      // the previous chunk's O, stored while K S runs
-        store_o(i - 1);
-        release(pipe, i - 1);
-      }
-      wgmma_fence();
-      wgmma_nk(qs, sa, t.q, false);
-      wgmma_commit();
-    }
-    prefetch_chunk(i + kStages - 1);
-    if constexpr (kStates) store_state_t(p.h + s * kD * kD, vw, sa, staging);
-    wgmma_wait<kOutput ? 1 : 0>();
-    fence_acc(ks);
-
-    // X^T diag(beta) = (V^T - (K S)^T diag(e)) diag(beta), as A fragments split in two bf16
-    // parts (x = hi + lo), so that Vn = A X sees X to about 16 bits: rounding X to bf16 before
-    // the product cost 8% of o's accuracy and 14-21% of the final state's (bench/rounding.py).
-    std::uint32_t xa[4][4], xl[4][4];
-#pragma unroll
-    for (int kt = 0; kt < 4; ++kt) {
-      float2 v[4];
-      load_slice_t<In>(v, t.v, kt);
-      const int c0 = 16 * kt + c, c8 = c0 + 8;
-      const float e0 = t.ek[c0], e1 = t.ek[c0 + 1], e8 = t.ek[c8], e9 = t.ek[c8 + 1];
-      const float b0 = t.beta[c0], b1 = t.beta[c0 + 1], b8 = t.beta[c8], b9 = t.beta[c8 + 1];
-      const float* lo = ks[2 * kt];
-      const float* hi = ks[2 * kt + 1];
-      xa[kt][0] =
-          pack_bf16_split(b0 * (v[0].x - e0 * lo[0]), b1 * (v[0].y - e1 * lo[1]), xl[kt][0]);
-      xa[kt][1] =
-          pack_bf16_split(b0 * (v[1].x - e0 * lo[2]), b1 * (v[1].y - e1 * lo[3]), xl[kt][1]);
-      xa[kt][2] =
-          pack_bf16_split(b8 * (v[2].x - e8 * hi[0]), b9 * (v[2].y - e9 * hi[1]), xl[kt][2]);
-      xa[kt][3] =
-          pack_bf16_split(b8 * (v[3].x - e8 * hi[2]), b9 * (v[3].y - e9 * hi[3]), xl[kt][3]);
-    }
-
-    // Vn^T = X^T diag(beta) A^T.
-    Acc vn[8];
-    wgmma_fence();
-    wgmma_nk(vn, xa, t.a, false);
-    wgmma_nk(vn, xl, t.a, true);
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_acc(vn);
-
-    if constexpr (kOutput) {
-      fence_acc(qs);
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) qs[nt][e] *= p.scale * t.eq[8 * nt + c + e % 2];
-    }
-
-    // S^T = gamma S^T + (Vn^T diag(f)) K, K as an MN-major tile: issued first, so that the next
-    // chunk waits on it alone.
-    std::uint32_t fa[4][4];
-#pragma unroll
-    for (int kt = 0; kt < 4; ++kt) acc_to_a(fa[kt], vn, kt, [&](int j) { return t.fk[j]; });
-    const float gamma = t.e[kC - 1];
-#pragma unroll
-    for (int nt = 0; nt < 16; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) S[nt][e] *= gamma;
-    wgmma_fence();
-    wgmma_kn(S, fa, t.k, kC, true);
-    wgmma_commit();
-
-    if constexpr (kOutput) {  // O^T = (Q S)^T diag(scale e) + Vn^T P^T, stored next chunk
-      std::uint32_t va[4][4], vl[4][4];  // Vn in two parts, as X (off the state's chain)
-#pragma unroll
-      for (int kt = 0; kt < 4; ++kt)
-        acc_to_a(
-            va[kt], vn, kt, [](int) { return 1.0f; }, vl[kt]);
-      wgmma_fence();
-      wgmma_nk(qs, va, t.pm, true);
-      wgmma_nk(qs, vl, t.pm, true);
-      wgmma_commit();
-    }
-    if constexpr (kStates) store_tokens<bf16>(vn, staging, p.vn + s * kC * kD + vw, kD, kC);
-    wgmma_wait<kOutput ? 1 : 0>();
-    fence_acc(S);
+  std::uint32_t sa[8][4];    // the state entering chunk i, as bf16 A fragments
+  if constexpr (kSummary) {  // one segment (a transfer part may have no chunks)
+    entering(S, z, 0, w.begin);
     state_to_a(sa, S);
-    if constexpr (kOutput) {
-      wgmma_wait<0>();
-      fence_acc(qs);
-    } else {
-      release(pipe, i);
+  }
+  // A segment at a time, its chunks [i, end) of the walk; the pipeline runs on across them.
+  for (int i = 0; i < chunks;) {
+    const int start = w.begin + i;
+    const Position at = position(p, p.chunks[start]);
+    if constexpr (!kSummary) {
+      z = at.z;
+      entering(S, z, at.local, start);
+      state_to_a(sa, S);
     }
+    const int end = min(chunks, segment_start(p, z + 1) - w.begin);
+    for (; i < end; ++i) {
+      const int cid = w.begin + i, local = at.local + (cid - start);
+      if constexpr (kRoundStates)
+        if (p.round_state && round_starts(p, cid, local))
+          store_state(boundary_matrix(p.round_state, p, boundary(p, cid, local, z), hv), vw, S);
+      wait_tiles(pipe, i);
+      const Tiles t = tiles(smem, i % kStages);
+      [[maybe_unused]] const long long s = slot(p, w.place + i, hv);
+
+      // (K S)^T and (Q S)^T = S^T K^T, S^T Q^T: B = K^T, Q^T, that is K, Q as K-major tiles.
+      Acc ks[8];
+      wgmma_fence();
+      wgmma_nk(ks, sa, t.k, false);
+      wgmma_commit();
+      if constexpr (kOutput) {
+        wgmma_wait<1>();  // K S may run on: marks qs as not in flight
+        if (i > 0) {      // the previous chunk's O, stored while K S runs
+          store_o(i - 1);
+          release(pipe, i - 1);
+        }
+        wgmma_fence();
+        wgmma_nk(qs, sa, t.q, false);
+        wgmma_commit();
+      }
+      prefetch_chunk(i + kStages - 1);
+      if constexpr (kStates) store_state_t(p.h + s * kD * kD, vw, sa, staging);
+      wgmma_wait<kOutput ? 1 : 0>();
+      fence_acc(ks);
+
+      // X^T diag(beta) = (V^T - (K S)^T diag(e)) diag(beta), as A fragments split in two bf16
+      // parts (x = hi + lo), so that Vn = A X sees X to about 16 bits: rounding X to bf16 before
+      // the product cost 8% of o's accuracy and 14-21% of the final state's (bench/rounding.py).
+      std::uint32_t xa[4][4], xl[4][4];
+#pragma unroll
+      for (int kt = 0; kt < 4; ++kt) {
+        float2 v[4];
+        load_slice_t<In>(v, t.v, kt);
+        const int c0 = 16 * kt + c, c8 = c0 + 8;
+        const float e0 = t.ek[c0], e1 = t.ek[c0 + 1], e8 = t.ek[c8], e9 = t.ek[c8 + 1];
+        const float b0 = t.beta[c0], b1 = t.beta[c0 + 1], b8 = t.beta[c8], b9 = t.beta[c8 + 1];
+        const float* lo = ks[2 * kt];
+        const float* hi = ks[2 * kt + 1];
+        xa[kt][0] =
+            pack_bf16_split(b0 * (v[0].x - e0 * lo[0]), b1 * (v[0].y - e1 * lo[1]), xl[kt][0]);
+        xa[kt][1] =
+            pack_bf16_split(b0 * (v[1].x - e0 * lo[2]), b1 * (v[1].y - e1 * lo[3]), xl[kt][1]);
+        xa[kt][2] =
+            pack_bf16_split(b8 * (v[2].x - e8 * hi[0]), b9 * (v[2].y - e9 * hi[1]), xl[kt][2]);
+        xa[kt][3] =
+            pack_bf16_split(b8 * (v[3].x - e8 * hi[2]), b9 * (v[3].y - e9 * hi[3]), xl[kt][3]);
+      }
+
+      // Vn^T = X^T diag(beta) A^T.
+      Acc vn[8];
+      wgmma_fence();
+      wgmma_nk(vn, xa, t.a, false);
+      wgmma_nk(vn, xl, t.a, true);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_acc(vn);
+
+      if constexpr (kOutput) {
+        fence_acc(qs);
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) qs[nt][e] *= p.scale * t.eq[8 * nt + c + e % 2];
+      }
+
+      // S^T = gamma S^T + (Vn^T diag(f)) K, K as an MN-major tile: issued first, so that the next
+      // chunk waits on it alone.
+      std::uint32_t fa[4][4];
+#pragma unroll
+      for (int kt = 0; kt < 4; ++kt) acc_to_a(fa[kt], vn, kt, [&](int j) { return t.fk[j]; });
+      const float gamma = t.e[kC - 1];
+#pragma unroll
+      for (int nt = 0; nt < 16; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) S[nt][e] *= gamma;
+      wgmma_fence();
+      wgmma_kn(S, fa, t.k, kC, true);
+      wgmma_commit();
+
+      if constexpr (kOutput) {  // O^T = (Q S)^T diag(scale e) + Vn^T P^T, stored next chunk
+        std::uint32_t va[4][4], vl[4][4];  // Vn in two parts, as X (off the state's chain)
+#pragma unroll
+        for (int kt = 0; kt < 4; ++kt)
+          acc_to_a(
+              va[kt], vn, kt, [](int) { return 1.0f; }, vl[kt]);
+        wgmma_fence();
+        wgmma_nk(qs, va, t.pm, true);
+        wgmma_nk(qs, vl, t.pm, true);
+        wgmma_commit();
+      }
+      if constexpr (kStates) store_tokens<bf16>(vn, staging, p.vn + s * kC * kD + vw, kD, kC);
+      wgmma_wait<kOutput ? 1 : 0>();
+      fence_acc(S);
+      state_to_a(sa, S);
+      if constexpr (kOutput) {
+        wgmma_wait<0>();
+        fence_acc(qs);
+      } else {
+        release(pipe, i);
+      }
+    }
+    if (kOutput && p.ht && ends_sequence(p, p.chunks[w.begin + end - 1]))
+      store_state(sequence_matrix(p.ht, p, z / p.seg_count, hv), vw, S);
   }
   if constexpr (kOutput) store_o(chunks - 1);
-  if (kSummary)
+  if constexpr (kSummary) {
+    const Segment seg = segment(p, z);
     store_state(transfer                       ? transfer_matrix(p, z, part, hv)
                 : seg.is_first && !seg.is_last ? segment_matrix(p.seg_state, p, z + 1, hv)
                                                : segment_matrix(p.seg_local, p, z, hv),
                 vw, S);
-  else if (kOutput && p.ht && seg.is_last)
-    store_state(sequence_matrix(p.ht, p, seg.n, hv), vw, S);
+  }
 }
 
 }  // namespace
@@ -213,8 +236,11 @@ void launch_state_forward(const Params& p, cudaStream_t stream) {
   GDN_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Stage::smem_bytes));
   const int kinds = kPass == Pass::summary ? 1 + p.seg_parts : 1;
-  const int segments = kPass == Pass::recompute ? round_segments(p) : p.N * p.seg_count;
-  kernel<<<dim3(p.HV, segments, kinds), kThreads, Stage::smem_bytes, stream>>>(p);
+  const int segments = p.N * p.seg_count;
+  const int blocks = kPass == Pass::recompute ? round_blocks(p)
+                     : kPass == Pass::summary ? segments
+                                              : (segments + p.seg_group - 1) / p.seg_group;
+  kernel<<<dim3(p.HV, blocks, kinds), kThreads, Stage::smem_bytes, stream>>>(p);
   GDN_CUDA_CHECK_LAUNCH();
 }
 

@@ -66,6 +66,51 @@ __device__ inline T* sequence_matrix(T* base, const Params& p, int n, int hv) {
 __device__ inline float* segment_matrix(float* base, const Params& p, int z, int hv) {
   return base + (static_cast<long long>(z) * p.HV + hv) * kD * kD;
 }
+// The first chunk slot of segment z (Z: past every chunk); an empty segment's is where the next
+// one starts.
+__device__ inline int segment_start(const Params& p, int z) {
+  if (z >= p.N * p.seg_count) return p.chunk_begin[p.N];
+  const int n = z / p.seg_count;
+  return min(p.chunk_begin[n] + z % p.seg_count * p.seg_len, p.chunk_begin[n + 1]);
+}
+
+// The chunk slots [begin, end) block y of a pass runs (in order, or in reverse), and the place
+// of slot `begin` in a round's h, Vn, dh, dVn (begin itself outside rounds). Blocks of the
+// passes over whole segments and of rounds by slots run seg_group (round_group) consecutive
+// segments, whose
+// chunks are consecutive slots, one after another, so that short segments keep the pipeline
+// full as one long one does; a round by segment runs a segment's chunks
+// [round round_len, (round + 1) round_len) (params.cuh: rounds).
+struct Walk {
+  int begin, end, place;
+};
+__device__ inline Walk walk(const Params& p, int y, bool round) {
+  if (round && !p.round_by_slots) {
+    const Segment seg = segment(p, y);
+    const int lo = p.round * p.round_len, hi = min(seg.chunks, lo + p.round_len);
+    const int place = p.round_first[static_cast<long long>(p.round) * p.N * p.seg_count + y];
+    return {seg.first + lo, seg.first + max(lo, hi), place};
+  }
+  const int group = round ? p.round_group : p.seg_group;
+  const int z = (round ? p.round_first[p.round] : 0) + y * group;
+  const int begin = segment_start(p, z), end = segment_start(p, z + group);
+  if (!round) return {begin, end, begin};
+  const int first = p.round * p.round_len;  // the round's slots
+  return {max(begin, first), min(end, first + p.round_len), max(begin, first) - first};
+}
+
+// A chunk slot's segment z and its index there.
+struct Position {
+  int z, local;
+};
+__device__ inline Position position(const Params& p, const ChunkInfo& info) {
+  return {info.n * p.seg_count + info.index / p.seg_len, info.index % p.seg_len};
+}
+// Whether a chunk is its sequence's last.
+__device__ inline bool ends_sequence(const Params& p, const ChunkInfo& info) {
+  return info.t0 + info.len == p.seq_begin[info.n] + p.seq_len[info.n];
+}
+
 // The [K][V] f32 matrix of boundary b (params.cuh: boundary), value head hv, in round_state or
 // round_dstate.
 __device__ inline float* boundary_matrix(float* base, const Params& p, int b, int hv) {
