@@ -71,14 +71,18 @@ for stage in $stages; do
     bench)  # gdn and its peers by CUDA-graph replay (bench/gpu_peers.sh installs the wheels)
       .device/bench_cuda | tee "$out/bench.log"
       bash bench/gpu_peers.sh --part speed ;;
-    ab)  # this build's bench_cuda against .device/base/'s (gpu_stage.sh --base), in turns, two
-      # rounds; GDN_AB_ROWS: bench_cuda argument lists, ';' between rows
+    ab)  # this build's bench_cuda against .device/base/'s (gpu_stage.sh --base) and any variants
+      # (--variant), in turns, two rounds; GDN_AB_ROWS: bench_cuda argument lists, ';' between
+      # rows; GDN_AB_PROGRAMS: which, in order (new: this build; others: .device/NAME/)
       rows="${GDN_AB_ROWS:-1 65536 16 32;1 16384 16 32;1 4096 16 32;8 8192 16 32;1 65536 1 2}"
       echo "base $(cat .device/base/commit 2>/dev/null || echo '?'), new: this build (ms fwd / fwd+bwd, GiB)"
+      for name in ${GDN_AB_PROGRAMS:-}; do
+        [ -f ".device/$name/flags" ] && echo "$name: this tree with $(cat ".device/$name/flags")"
+      done
       for round in 1 2; do
-        for which in base new; do
+        for which in ${GDN_AB_PROGRAMS:-base new}; do
           program=.device/bench_cuda
-          [ $which = base ] && program=.device/base/bench_cuda
+          [ "$which" != new ] && program=".device/$which/bench_cuda"
           IFS=';' read -ra list <<<"$rows"
           for row in "${list[@]}"; do
             # shellcheck disable=SC2086  # a row is several arguments

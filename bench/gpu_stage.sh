@@ -7,14 +7,24 @@
 #   bash bench/gpu_stage.sh                 # this tree's programs
 #   bash bench/gpu_stage.sh --base main     # also bench_cuda of another commit, in .device/base/,
 #                                           # for `gpu_check.sh ab` (the two timed in turns)
+#   bash bench/gpu_stage.sh --variant v1 -DTRY=1  # also this tree's bench_cuda built with
+#                                           # these CUDA flags, in .device/v1/ (repeatable; time
+#                                           # with GDN_AB_PROGRAMS="base new v1" gpu_check.sh ab)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="/usr/local/cuda/bin:$PATH"
+usage="usage: gpu_stage.sh [--base COMMIT] [--variant NAME CUDA_FLAGS]..."
 base=""
-if [ $# -gt 0 ]; then
-  [ "$1" = --base ] && [ $# -eq 2 ] || { echo "usage: gpu_stage.sh [--base COMMIT]" >&2; exit 2; }
-  base="$2"
-fi
+variants=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --base) [ $# -ge 2 ] || { echo "$usage" >&2; exit 2; }; base="$2"; shift 2 ;;
+    --variant)
+      [ $# -ge 3 ] && [[ "$2" =~ ^[A-Za-z0-9_]+$ ]] || { echo "$usage" >&2; exit 2; }
+      variants+=("$2" "$3"); shift 3 ;;
+    *) echo "$usage" >&2; exit 2 ;;
+  esac
+done
 cmake -S . -B build-gpu -G Ninja -DGDN_NATIVE=OFF -DGDN_MPI=OFF -DGDN_BUILD_BENCH=ON >/dev/null
 tests="test_cuda_delta_rule test_cuda_l2norm test_cuda_wgmma test_cuda_cp test_comm_gpu
   test_cuda_determinism test_cuda_guards"
@@ -35,3 +45,12 @@ if [ -n "$base" ]; then  # the other commit's tree in build-gpu-base/src, built 
   cp build-gpu-base/build/bench/bench_cuda .device/base/
   git rev-parse --short "$base" >.device/base/commit
 fi
+for ((i = 0; i < ${#variants[@]}; i += 2)); do  # this tree with extra CUDA flags
+  name="${variants[i]}" flags="${variants[i + 1]}"
+  cmake -S . -B "build-gpu-$name" -G Ninja -DGDN_NATIVE=OFF -DGDN_MPI=OFF -DGDN_BUILD_BENCH=ON \
+    -DCMAKE_CUDA_FLAGS="$flags" >/dev/null
+  ninja -C "build-gpu-$name" bench_cuda
+  mkdir -p ".device/$name"
+  cp "build-gpu-$name/bench/bench_cuda" ".device/$name/"
+  echo "$flags" >".device/$name/flags"
+done
