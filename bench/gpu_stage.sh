@@ -25,7 +25,10 @@ while [ $# -gt 0 ]; do
     *) echo "$usage" >&2; exit 2 ;;
   esac
 done
-cmake -S . -B build-gpu -G Ninja -DGDN_NATIVE=OFF -DGDN_MPI=OFF -DGDN_BUILD_BENCH=ON >/dev/null
+configure() {  # source dir, build dir, extra cmake arguments
+  cmake -S "$1" -B "$2" -G Ninja -DGDN_NATIVE=OFF -DGDN_MPI=OFF -DGDN_BUILD_BENCH=ON "${@:3}" >/dev/null
+}
+configure . build-gpu
 tests="test_cuda_delta_rule test_cuda_l2norm test_cuda_wgmma test_cuda_cp test_comm_gpu
   test_cuda_determinism test_cuda_guards"
 [ -f build-gpu/build.ninja ] && grep -q "^build tests/test_comm_nccl" build-gpu/build.ninja &&
@@ -38,8 +41,7 @@ for lib in libfmt.so.9 libgomp.so.1; do cp "$(ldconfig -p | awk -v l=$lib '$1 ==
 if [ -n "$base" ]; then  # the other commit's tree in build-gpu-base/src, built beside it
   rm -rf build-gpu-base/src && mkdir -p build-gpu-base/src
   git archive "$base" | tar -x -C build-gpu-base/src
-  cmake -S build-gpu-base/src -B build-gpu-base/build -G Ninja -DGDN_NATIVE=OFF -DGDN_MPI=OFF \
-    -DGDN_BUILD_BENCH=ON >/dev/null
+  configure build-gpu-base/src build-gpu-base/build
   ninja -C build-gpu-base/build bench_cuda
   mkdir -p .device/base
   cp build-gpu-base/build/bench/bench_cuda .device/base/
@@ -47,8 +49,7 @@ if [ -n "$base" ]; then  # the other commit's tree in build-gpu-base/src, built 
 fi
 for ((i = 0; i < ${#variants[@]}; i += 2)); do  # this tree with extra CUDA flags
   name="${variants[i]}" flags="${variants[i + 1]}"
-  cmake -S . -B "build-gpu-$name" -G Ninja -DGDN_NATIVE=OFF -DGDN_MPI=OFF -DGDN_BUILD_BENCH=ON \
-    -DCMAKE_CUDA_FLAGS="$flags" >/dev/null
+  configure . "build-gpu-$name" -DCMAKE_CUDA_FLAGS="$flags"
   ninja -C "build-gpu-$name" bench_cuda
   mkdir -p ".device/$name"
   cp "build-gpu-$name/bench/bench_cuda" ".device/$name/"
