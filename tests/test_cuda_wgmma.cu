@@ -23,18 +23,22 @@ bool have_gpu() {
 // window of 8 N columns (its last) of a stored tile x with kTileN columns: x is [kTileN][16 KT]
 // (B = x^T, kTrans false) or [16 KT][kTileN] (B = x, kTrans true), row-major. The window starts
 // kTileN - 8 N rows (K-major) or 64-column blocks (MN-major) into the swizzled tile. kSmemA: A
-// from a swizzled tile (SS) instead of registers.
-template <int N, int KT, bool kTrans, int kTileN, bool kSmemA>
+// from a swizzled tile (SS) instead of registers, the last 64 of its kARows rows (the rows before
+// hold other rows of a).
+template <int N, int KT, bool kTrans, int kTileN, bool kSmemA, int kARows>
 __global__ void product_kernel(const bf16* a, const bf16* x, float* out) {
   constexpr int kK = 16 * KT, kLdA = kK + 8, kRows = kTrans ? kK : kTileN,
                 kCols = kTrans ? kTileN : kK, kN0 = kTileN - 8 * N;
   __shared__ __align__(1024) unsigned char xs[kRows * kCols * 2];
-  __shared__ __align__(1024) unsigned char as_swizzled[64 * kK * 2];
+  __shared__ __align__(1024) unsigned char as_swizzled[kARows * kK * 2];
   __shared__ __align__(16) bf16 as[64 * kLdA];
   for (int i = threadIdx.x; i < 64 * kK; i += blockDim.x) as[(i / kK) * kLdA + i % kK] = a[i];
-  for (int i = threadIdx.x; i < 64 * kK / 8; i += blockDim.x)
-    *reinterpret_cast<uint4*>(as_swizzled + swizzled_offset(64, i / (kK / 8), i % (kK / 8))) =
-        reinterpret_cast<const uint4*>(a)[i];
+  for (int i = threadIdx.x; i < kARows * kK / 8; i += blockDim.x) {
+    const int r = i / (kK / 8), piece = i % (kK / 8), first = kARows - 64;
+    const int from = r >= first ? r - first : (r + 17) % 64;  // a's rows, shifted before them
+    *reinterpret_cast<uint4*>(as_swizzled + swizzled_offset(kARows, r, piece)) =
+        reinterpret_cast<const uint4*>(a)[from * (kK / 8) + piece];
+  }
   for (int i = threadIdx.x; i < kRows * kCols / 8; i += blockDim.x) {
     const int r = i / (kCols / 8), piece = i % (kCols / 8);
     *reinterpret_cast<uint4*>(xs + swizzled_offset(kRows, r, piece)) =
@@ -44,7 +48,7 @@ __global__ void product_kernel(const bf16* a, const bf16* x, float* out) {
   __syncthreads();
   std::uint32_t frag[KT][4];
   load_a_mk<KT>(frag, as, kLdA, 16 * (threadIdx.x / 32));
-  const SmemA<KT> a_tile{reinterpret_cast<const bf16*>(as_swizzled)};
+  const SmemA<KT> a_tile{reinterpret_cast<const bf16*>(as_swizzled) + (kARows - 64) * 64, kARows};
   const bf16* window = reinterpret_cast<const bf16*>(xs) + (kTrans ? kN0 * kRows : kN0 * 64);
   Acc d[N];
   wgmma_fence();
@@ -66,7 +70,7 @@ __global__ void product_kernel(const bf16* a, const bf16* x, float* out) {
     for (int e = 0; e < 4; ++e) out[(row + 8 * (e / 2)) * 8 * N + 8 * nt + c + e % 2] = d[nt][e];
 }
 
-template <int N, int KT, bool kTrans, int kTileN = 8 * N, bool kSmemA = false>
+template <int N, int KT, bool kTrans, int kTileN = 8 * N, bool kSmemA = false, int kARows = 64>
 void check_product() {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   constexpr int kK = 16 * KT, kN = 8 * N, kN0 = kTileN - kN;
@@ -86,7 +90,7 @@ void check_product() {
   GDN_CUDA_CHECK(cudaMalloc(&d_out, 64 * kN * 4));
   GDN_CUDA_CHECK(cudaMemcpy(d_a, a.data(), a.size() * 2, cudaMemcpyHostToDevice));
   GDN_CUDA_CHECK(cudaMemcpy(d_x, x.data(), x.size() * 2, cudaMemcpyHostToDevice));
-  product_kernel<N, KT, kTrans, kTileN, kSmemA><<<1, 128>>>(d_a, d_x, d_out);
+  product_kernel<N, KT, kTrans, kTileN, kSmemA, kARows><<<1, 128>>>(d_a, d_x, d_out);
   GDN_CUDA_CHECK(cudaGetLastError());
   std::vector<float> out(64 * kN);
   GDN_CUDA_CHECK(cudaMemcpy(out.data(), d_out, out.size() * 4, cudaMemcpyDeviceToHost));
@@ -137,6 +141,11 @@ TEST(CudaWgmma, SmemAKMajor64x128) {
 }
 TEST(CudaWgmma, SmemAMNMajorSecondColumnBlock) {
   check_product<8, 8, true, 128, true>();
+}
+// S^T dS (grad_chunk.cu: the gradient of gamma): A the second 64 rows of a 128-row tile, B the
+// second 64-row window of another.
+TEST(CudaWgmma, SmemASecondRowBlockOf128) {
+  check_product<8, 8, false, 128, true, 128>();
 }
 
 }  // namespace

@@ -217,6 +217,7 @@ __device__ inline std::uint64_t k_major_desc(const void* tile, int rows, int kt)
 template <int KT>
 struct SmemA {
   const bf16* tile;
+  int rows = 64;  // of the tile, whose 64-column blocks are rows x 128 bytes apart
 };
 template <typename A>
 struct KTiles;
@@ -237,7 +238,7 @@ __device__ inline void wgmma_ktile(Acc (&d)[N], const std::uint32_t (&a)[KT][4],
 template <int N, bool kTrans, int KT>
 __device__ inline void wgmma_ktile(Acc (&d)[N], const SmemA<KT>& a, int kt, std::uint64_t desc,
                                    bool accumulate) {
-  wgmma_tile<N, kTrans>(d, k_major_desc(a.tile, 64, kt), desc, accumulate);
+  wgmma_tile<N, kTrans>(d, k_major_desc(a.tile, a.rows, kt), desc, accumulate);
 }
 
 // d (+)= a X^T, X 8 N rows (B's n) and 16 KT columns (B's k) of a swizzled tile of `rows` rows
