@@ -143,16 +143,7 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
   float* rs = reinterpret_cast<float*>(smem + GradSmem::r);
   const float* rq = rs;
   const float* rk = rs + kC;
-  float* G = reinterpret_cast<float*>(smem + GradSmem::vec);
-  float* beta = G + kC;
-  float* reset = beta + kC;
-  float* dG_rows = reinterpret_cast<float*>(smem + GradSmem::rows);  // [half][row]
-  float* db_rows = dG_rows + 2 * kC;
-  float* dG_cols = reinterpret_cast<float*>(smem + GradSmem::cols);  // [row block][column]
-  float* extra = reinterpret_cast<float*>(smem + GradSmem::extra);   // [warp]
   float* dots = reinterpret_cast<float*>(smem + GradSmem::dots);
-  float* dG = dG_rows + half * kC;  // this warp's row slots (written only by the row's owner)
-  float* db = db_rows + half * kC;
 
   const long long row = qk_row(p, info.b, info.t0, hk);
   issue_rows_swizzled<kD, kC, kThreads>(qs, p.qn + row * kD, p.HK * kD, len);
@@ -189,6 +180,17 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
   Acc dq[8] = {}, dk[8] = {};  // the group's sums
   for (int gi = 0; gi < group; ++gi) {
     const int hv = hk * group + gi;
+    // The per-head slots' addresses, made here, not held through the loop: recomputed where they
+    // are used, they hold no registers (spills 64 -> 12 bytes; bench/RESULTS.md).
+    float* G = reinterpret_cast<float*>(smem + GradSmem::vec);
+    float* beta = G + kC;
+    float* reset = beta + kC;
+    float* dG_rows = reinterpret_cast<float*>(smem + GradSmem::rows);
+    float* db_rows = dG_rows + 2 * kC;
+    float* dG_cols = reinterpret_cast<float*>(smem + GradSmem::cols);
+    float* extra = reinterpret_cast<float*>(smem + GradSmem::extra);
+    float* dG = dG_rows + half * kC;  // this warp's row slots (written only by the row's owner)
+    float* db = db_rows + half * kC;
     const long long s = slot(p, chunk(), hv), ds = slot(p, place, hv);  // A; h, dh
     const long long vrow = v_row(p, info.b, info.t0, hv);
     const In* d_o = static_cast<const In*>(p.d_o) + vrow * kD;
@@ -303,17 +305,35 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
     {
       In* dv = static_cast<In*>(p.dv) + vrow * kD;
       float vd[8][4];
+      // dv through the warp's 1 KB of dls's tile (free until dL; 16 rows x 32 columns a pass), so
+      // that each thread stores 16 bytes 4 times rather than 4 bytes 16 times (the 4-byte stores
+      // stalled on the memory pipe's queue: 2-3% of the kernel's stall samples).
+      std::uint32_t* stage = reinterpret_cast<std::uint32_t*>(dls) + warp * 256;  // [16][16]
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
+      for (int pass = 0; pass < 2; ++pass) {
 #pragma unroll
-        for (int e = 0; e < 4; e += 2) {
-          const int i = row_of(e), j = 64 * half + col(nt, e);
-          const float2 x = unpack2<In>(*reinterpret_cast<const std::uint32_t*>(vs + i * kLdH + j));
-          if (i < len)
-            *reinterpret_cast<std::uint32_t*>(dv + static_cast<long long>(i) * p.HV * kD + j) =
+        for (int nt = 4 * pass; nt < 4 * pass + 4; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; e += 2) {
+            const int i = row_of(e), j = 64 * half + col(nt, e);
+            const float2 x =
+                unpack2<In>(*reinterpret_cast<const std::uint32_t*>(vs + i * kLdH + j));
+            const int sr = g + 8 * (e / 2);  // 16-byte pieces swizzled: no bank conflicts
+            stage[sr * 16 + 4 * ((nt % 4) ^ (sr / 2 % 4)) + c / 2] =
                 pack2<In>(beta[i] * dr[nt][e], beta[i] * dr[nt][e + 1]);
-          vd[nt][e] = x.x, vd[nt][e + 1] = x.y;
+            vd[nt][e] = x.x, vd[nt][e + 1] = x.y;
+          }
+        __syncwarp();
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+          const int r = lane / 4 + 8 * k, piece = lane % 4, i = r0 + r;
+          if (i < len)
+            *reinterpret_cast<uint4*>(dv + static_cast<long long>(i) * p.HV * kD + 64 * half +
+                                      32 * pass + 8 * piece) =
+                *reinterpret_cast<const uint4*>(stage + r * 16 + 4 * (piece ^ (r / 2 % 4)));
         }
+        __syncwarp();
+      }
       add_row_sums(
           db, r0, dr, [&](int nt, int e) { return vd[nt][e]; }, 1.0f, 1.0f);
     }
