@@ -21,11 +21,15 @@
 // ldmatrix traffic bounded the kernel); row sums reduce over the 4 lanes of a row.
 //
 // Every global read is a cp.async into shared memory, issued as early as a free tile allows (one
-// block per SM: 217 KiB): rq, rk with Q and K at the start, a value head's tiles together (V
-// too), the next value head's Vn, dVn and dS^T during this one, and, during the last, the f16
-// input rows q, k that the l2norm's backward reads at the end (bf16 ones are the Q, K tiles
-// themselves). (Plain loads of V and of q, k at their point of use stalled the whole block on
-// memory latency: 8% of the kernel at T = 64k.)
+// block per SM: 218 KiB). The first value head's in two groups: what its first products and
+// their epilogue read (dS^T, Vn, dVn, S^T, A, K, rq, rk, the gates), then V, dO and Q, waited for
+// only before the dv step. The next value head's during this one, each tile as soon as its last
+// reader passes a barrier: Vn and dVn at the start (their second tiles), dS^T after the first
+// products, S^T and dO after the [dKb; dQe] products (moved before the dk, dq products for this),
+// A, V and the gates after those; during the last value head, the f16 input rows q, k that the
+// l2norm's backward reads at the end (bf16 ones are the Q, K tiles themselves). (Plain loads of V
+// and of q, k at their point of use stalled the whole block on memory latency: 8% of the kernel
+// at T = 64k; the early loads of the second value head took it 833-843 -> 815-825 us.)
 //
 // Deterministic: no float atomics, every sum is added in an order fixed by the code, so dq dk dv
 // dg dbeta are bitwise the same run to run. dG_i and db_i have partial sums from several warps:
@@ -61,8 +65,8 @@ struct GradSmem {
   static constexpr int d_o = a + kC * kLdH64 * 2;   // bf16 [64][136] dO
   static constexpr int dls = d_o + kC * kLdH * 2;   // bf16 [64][72]  (F + F^T) diag(rk)
   static constexpr int v = dls + kC * kLdH64 * 2;   // In [64][136]   V, then dP * decay diag(rk)
-  static constexpr int vec = v + kC * kLdH * 2;     // f32 [3][64] G, beta, g is a reset (1, 0)
-  static constexpr int rows = vec + 3 * kC * 4;     // f32 [2][2][64] dG, db row sums (half, row)
+  static constexpr int vec = v + kC * kLdH * 2;     // f32 [4][64] G, beta, g (value head % 2)
+  static constexpr int rows = vec + 4 * kC * 4;     // f32 [2][2][64] dG, db row sums (half, row)
   static constexpr int cols = rows + 4 * kC * 4;    // f32 [4][64] dG column sums (block, column)
   static constexpr int extra = cols + 4 * kC * 4;   // f32 [8] gamma's gradient (warp)
   static constexpr int dots = extra + kWarps * 4;   // f32 [2][2][64] (q or k, half, row)
@@ -146,15 +150,6 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
   float* dots = reinterpret_cast<float*>(smem + GradSmem::dots);
 
   const long long row = qk_row(p, info.b, info.t0, hk);
-  issue_rows_swizzled<kD, kC, kThreads>(qs, p.qn + row * kD, p.HK * kD, len);
-  issue_rows_swizzled<kD, kC, kThreads>(ks, p.kn + row * kD, p.HK * kD, len);
-  if (tid < 2 * kC) {
-    if (tid % kC < len)
-      cp_async4(rs + tid, (tid < kC ? p.rq : p.rk) + row + (tid % kC) * p.HK);
-    else
-      rs[tid] = 0.0f;
-  }
-  cp_async_commit();
   // The column half of this warpgroup in the 64-row tiles Q, K, dVn (B = X, MN-major) and in the
   // 128-row tiles dS^T, S^T; and the 32 rows of Vn, K as B = X^T (K-major) of the 64-wide
   // products.
@@ -168,13 +163,57 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
   };
   auto qk_pair = [&](const bf16* tile, int i, int j) { return pair(swizzled_at(tile, kC, i, j)); };
 
-  // Vn and dVn of the group's value head j into their tiles j % 2.
+  // The copies of the group's value head j, each issued once the tile it fills is free (no
+  // commit): Vn and dVn into their tiles j % 2; dS^T; S^T and dO; A, V, G, beta and g (into
+  // the slot j % 2, the scan of value head j - 1 reads g in the other).
   auto issue_vn = [&](int j) {
     const int hv = hk * group + j;
     issue_rows_swizzled<kD, kC, kThreads>(vn_tiles + (j % 2) * kC * kD,
                                           p.vn + slot(p, place, hv) * kC * kD, kD, kC);
     issue_rows_swizzled<kD, kC, kThreads>(dvn_tiles + (j % 2) * kC * kD,
                                           p.dvn + slot(p, place, hv) * kC * kD, kD, kC);
+  };
+  auto issue_ds = [&](int j) {
+    issue_rows_swizzled<kD, kD, kThreads>(st, p.dh + slot(p, place, hk * group + j) * kD * kD, kD,
+                                          kD);
+  };
+  auto issue_h = [&](int j) {
+    issue_rows_swizzled<kD, kD, kThreads>(hs, p.h + slot(p, place, hk * group + j) * kD * kD, kD,
+                                          kD);
+  };
+  auto issue_do = [&](int j) {
+    const long long vrow = v_row(p, info.b, info.t0, hk * group + j);
+    issue_rows<kD, kC, kThreads>(dos, kLdH, static_cast<const In*>(p.d_o) + vrow * kD, p.HV * kD,
+                                 len);
+  };
+  auto issue_v = [&](int j) {
+    const long long vrow = v_row(p, info.b, info.t0, hk * group + j);
+    issue_rows<kD, kC, kThreads>(vs, kLdH, static_cast<const In*>(p.v) + vrow * kD, p.HV * kD, len);
+  };
+  auto issue_a = [&](int j) {  // A and the gates
+    const int hv = hk * group + j;
+    const long long s = slot(p, chunk(), hv), vrow = v_row(p, info.b, info.t0, hv);
+    issue_rows<kC, kC, kThreads>(ab, kLdH64, p.A + s * kC * kC, kC, kC);
+    float* vec = reinterpret_cast<float*>(smem + GradSmem::vec);
+    if (tid < 16)
+      cp_async16(vec + 4 * tid, p.G + s * kC + 4 * tid, true);
+    else if (tid < 32)
+      cp_async16(vec + kC + 4 * (tid - 16), p.bt + s * kC + 4 * (tid - 16), true);
+    else if (tid < 32 + len)
+      cp_async4(vec + (2 + j % 2) * kC + tid - 32,
+                p.g + vrow + static_cast<long long>(tid - 32) * p.HV);
+  };
+
+  // f16 dO to bf16, in place, by the copying thread once its copies landed.
+  auto convert_do = [&]() {
+    if constexpr (!std::is_same_v<In, bf16>) {
+      for (int idx = tid; idx < kC * 16; idx += kThreads) {
+        const int r = idx / 16, part = idx % 16;
+        In* raw = reinterpret_cast<In*>(dos + r * kLdH + part * 8);
+        for (int e = 0; e < 8; ++e)
+          dos[r * kLdH + part * 8 + e] = from_float<bf16>(to_float(raw[e]));
+      }
+    }
   };
 
   Acc dq[8] = {}, dk[8] = {};  // the group's sums
@@ -184,53 +223,54 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
     // are used, they hold no registers (the bf16 kernel's spills 44 -> 0 bytes; bench/RESULTS.md).
     float* G = reinterpret_cast<float*>(smem + GradSmem::vec);
     float* beta = G + kC;
-    float* reset = beta + kC;
+    float* g_raw = G + (2 + gi % 2) * kC;  // core/reset.h: a reset's g gets no gradient
     float* dG_rows = reinterpret_cast<float*>(smem + GradSmem::rows);
     float* db_rows = dG_rows + 2 * kC;
     float* dG_cols = reinterpret_cast<float*>(smem + GradSmem::cols);
     float* extra = reinterpret_cast<float*>(smem + GradSmem::extra);
     float* dG = dG_rows + half * kC;  // this warp's row slots (written only by the row's owner)
     float* db = db_rows + half * kC;
-    const long long s = slot(p, chunk(), hv), ds = slot(p, place, hv);  // A; h, dh
     const long long vrow = v_row(p, info.b, info.t0, hv);
-    const In* d_o = static_cast<const In*>(p.d_o) + vrow * kD;
     bf16* vn = vn_tiles + (gi % 2) * kC * kD;
     bf16* dvn = dvn_tiles + (gi % 2) * kC * kD;
-    if (gi == 0) {  // later value heads' dS^T, Vn and dVn are prefetched by the one before
-      issue_rows_swizzled<kD, kD, kThreads>(st, p.dh + ds * kD * kD, kD, kD);
+    // Later value heads' tiles are prefetched by the one before, each as soon as its tile is free.
+    // The first's come in two groups: what its first products and their epilogue read (dS^T, Vn,
+    // dVn, S^T, A, K, rq, rk, gates), then V, dO and Q, waited for before the dv step.
+    if (gi == 0) {
+      issue_ds(0);
       issue_vn(0);
+      issue_h(0);
+      issue_a(0);
+      issue_rows_swizzled<kD, kC, kThreads>(ks, p.kn + row * kD, p.HK * kD, len);
+      if (tid < 2 * kC) {
+        if (tid % kC < len)
+          cp_async4(rs + tid, (tid < kC ? p.rq : p.rk) + row + (tid % kC) * p.HK);
+        else
+          rs[tid] = 0.0f;
+      }
+      cp_async_commit();
+      issue_v(0);
+      issue_do(0);
+      issue_rows_swizzled<kD, kC, kThreads>(qs, p.qn + row * kD, p.HK * kD, len);
+      cp_async_commit();
     }
-    issue_rows_swizzled<kD, kD, kThreads>(hs, p.h + ds * kD * kD, kD, kD);
-    issue_rows<kC, kC, kThreads>(ab, kLdH64, p.A + s * kC * kC, kC, kC);
-    issue_rows<kD, kC, kThreads>(dos, kLdH, d_o, p.HV * kD, len);
-    issue_rows<kD, kC, kThreads>(vs, kLdH, static_cast<const In*>(p.v) + vrow * kD, p.HV * kD, len);
-    cp_async_commit();
     const bool prefetch = gi + 1 < group;
     if (prefetch) {
       issue_vn(gi + 1);
       cp_async_commit();
     }
-    if (tid < kC) {
-      G[tid] = p.G[s * kC + tid];
-      // core/reset.h: a reset's g gets no gradient (read now, while the tiles land).
-      reset[tid] = tid < len && core::is_reset(p.g[vrow + static_cast<long long>(tid) * p.HV]);
-      beta[tid] = p.bt[s * kC + tid];
-    }
     if (tid < 2 * kC) {  // dG_cols and extra are stored whole, not added to
       dG_rows[tid] = 0.0f;
       db_rows[tid] = 0.0f;
     }
-    if (prefetch)  // all but the next value head's Vn, dVn
+    // All but the next value head's Vn, dVn (and the first's V, dO, Q).
+    if (gi == 0 && prefetch)
+      cp_async_wait<2>();
+    else if (gi == 0 || prefetch)
       cp_async_wait<1>();
     else
       cp_async_wait<0>();
-    if constexpr (!std::is_same_v<In, bf16>)  // f16 dO to bf16, in place, by the copying thread
-      for (int idx = tid; idx < kC * 16; idx += kThreads) {
-        const int r = idx / 16, part = idx % 16;
-        In* raw = reinterpret_cast<In*>(dos + r * kLdH + part * 8);
-        for (int e = 0; e < 8; ++e)
-          dos[r * kLdH + part * 8 + e] = from_float<bf16>(to_float(raw[e]));
-      }
+    if (gi > 0) convert_do();
     fence_proxy_async();  // the landed tiles, before wgmma reads them
     __syncthreads();
     const float g_last = G[kC - 1], gamma = __expf(g_last);
@@ -287,9 +327,17 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
       const float mine = col_sum((i_lo < len ? lo : 0.0f) + (i_hi < len ? hi : 0.0f));
       if (lane == 0) extra[warp] += mine;
     }
+    if (gi == 0) {  // V, dO and Q
+      if (prefetch)
+        cp_async_wait<1>();
+      else
+        cp_async_wait<0>();
+      convert_do();
+      fence_proxy_async();
+    }
     __syncthreads();  // dS^T is done: the next value head's takes its place
-    if (gi + 1 < group) {
-      issue_rows_swizzled<kD, kD, kThreads>(st, p.dh + slot(p, place, hv + 1) * kD * kD, kD, kD);
+    if (prefetch) {
+      issue_ds(gi + 1);
       cp_async_commit();
     } else if (!std::is_same_v<In, bf16> && p.l2norm) {  // f16 rows of the l2norm's backward
       for (int which = 0; which < 2; ++which)
@@ -449,25 +497,6 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
           if (g == 0) dG_cols[(warp % 4) * kC + 32 * half + 8 * nt + c + e] = sum;
         }
     }
-    __syncthreads();
-
-    // dk += dpd^T Q + dls K;  dq += dpd K, with Q = diag(rq) q and K = diag(rk) k: dpd's rows
-    // carry rq (dpd), its columns rk (dpk), and dls's columns rk.
-    {
-      std::uint32_t a1[4][4], a2[4][4], a3[4][4];  // all three in flight at once
-      load_a_km(a1, dpd, kLdH64, r0);
-      load_a_mk(a2, dls, kLdH64, r0);
-      load_a_mk(a3, dpk, kLdH64, r0);
-      wgmma_fence();
-      wgmma_kn(dk, a1, half64(qs), kC, true);
-      wgmma_kn(dk, a2, half64(ks), kC, true);
-      wgmma_kn(dq, a3, half64(ks), kC, true);
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_acc(dk);
-      fence_acc(dq);
-    }
-
     // [dKb; dQe] = [-dR; scale dO] S^T: dk += diag(beta e) dKb, dq += diag(e) dQe, and their
     // K . dKb, Q . dQe terms to db and dG.
     const float e_lo = e_of(i_lo), e_hi = e_of(i_hi);
@@ -510,7 +539,36 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
         }
       }
     }
-    __syncthreads();
+    __syncthreads();  // S^T and dO are done with: the next value head's come
+    if (prefetch) {
+      issue_h(gi + 1);
+      issue_do(gi + 1);
+      cp_async_commit();
+    }
+
+    // dk += dpd^T Q + dls K;  dq += dpd K, with Q = diag(rq) q and K = diag(rk) k: dpd's rows
+    // carry rq (dpd), its columns rk (dpk), and dls's columns rk.
+    {
+      std::uint32_t a1[4][4], a2[4][4], a3[4][4];  // all three in flight at once
+      load_a_km(a1, dpd, kLdH64, r0);
+      load_a_mk(a2, dls, kLdH64, r0);
+      load_a_mk(a3, dpk, kLdH64, r0);
+      wgmma_fence();
+      wgmma_kn(dk, a1, half64(qs), kC, true);
+      wgmma_kn(dk, a2, half64(ks), kC, true);
+      wgmma_kn(dq, a3, half64(ks), kC, true);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_acc(dk);
+      fence_acc(dq);
+    }
+
+    __syncthreads();  // A (dpd) and V (dpk) are done with: the next value head's come
+    if (prefetch) {
+      issue_a(gi + 1);
+      issue_v(gi + 1);
+      cp_async_commit();
+    }
     if (warp == 0) {  // dG_{len-1} += extra; dg_j = sum_{j <= i < len} dG_i (a suffix scan)
       // The slots, added in a fixed order (the opening comment).
       auto dG_sum = [&](int i) {
@@ -530,7 +588,7 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
       lo += __shfl_sync(0xffffffffu, hi, 0);
       for (int i = lane; i < len; i += 32) {
         const long long r = v_row(p, info.b, info.t0 + i, hv);
-        p.dg[r] = reset[i] != 0.0f ? 0.0f : i < 32 ? lo : hi;
+        p.dg[r] = core::is_reset(g_raw[i]) ? 0.0f : i < 32 ? lo : hi;
         store_scalar(p.dbeta, r, p.beta_code, db_rows[i] + db_rows[kC + i]);
       }
     }
