@@ -3,10 +3,18 @@
 # sanitizers, a per-kernel profile at B=1 T=65536, then bench_cuda and bench/peers.py's speed
 # part (gdn, FLA, FlashQLA and transformers in the same run). Logs go to $OUT (or ./gpu-logs).
 # Stages: test, cp, cp-bench, cp-sanitize, profile, stalls, lines, bench, ab, accuracy,
-# peers-profile (default: test sanitize profile bench).
+# peers-profile (default: test sanitize profile bench). stalls and lines profile one training
+# forward + backward (`gdn run`) at T=$GDN_PROFILE_T (16384), the kernels matching
+# $GDN_PROFILE_KERNELS, skipping the first $GDN_PROFILE_SKIP of them (0) and profiling
+# $GDN_PROFILE_COUNT (7): e.g. the forward's output pass at T=65536 is GDN_PROFILE_T=65536
+# GDN_PROFILE_KERNELS=state_forward GDN_PROFILE_SKIP=1 GDN_PROFILE_COUNT=1 (at T=16384 the
+# training forward runs the save pass instead).
 set -uo pipefail
 out="${OUT:-$PWD/gpu-logs}"
 mkdir -p "$out"
+profile_t="${GDN_PROFILE_T:-16384}"
+profile_kernels="${GDN_PROFILE_KERNELS:-chunk_prep|state_|grad_chunk}"
+profile_range=(-k "regex:$profile_kernels" --launch-skip "${GDN_PROFILE_SKIP:-0}" -c "${GDN_PROFILE_COUNT:-7}")
 stages="${*:-test sanitize profile bench}"
 export LD_LIBRARY_PATH="$PWD/.device${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
@@ -56,16 +64,16 @@ for stage in $stages; do
         -T 65536 --ranks 1 >"$out/ncu.log" 2>&1
       grep -E "^  [a-zA-Z_ <>:,0-9]+\(|gpu__time_duration" "$out/ncu.log" |
         sed -E 's/^ *(void )?//; s/\(Params.*//; s/gpu__time_duration.sum//' | paste - - ;;
-    stalls)  # why each kernel waits (cycles per issued instruction by stall reason), T=16384
+    stalls)  # why each kernel waits (cycles per issued instruction by stall reason)
       ncu --clock-control none --section WarpStateStats --section SchedulerStats --print-details all \
-        -k regex:'chunk_prep|state_|grad_chunk' -c 7 .device/gdn run --device cuda -T 16384 \
+        "${profile_range[@]}" .device/gdn run --device cuda -T "$profile_t" \
         --ranks 1 >"$out/stalls.log" 2>&1
       grep -E "^  [a-zA-Z_ <>:,0-9]+\(|Issued Ipc|No Eligible|Stall [A-Z]" "$out/stalls.log" |
         grep -vE " 0(\.0+)?$" | sed -E 's/^ *(void )?//; s/\(Params.*//' ;;
-    lines)  # where each kernel issues and stalls, per source line (bench/ncu_lines.py), T=16384
+    lines)  # where each kernel issues and stalls, per source line (bench/ncu_lines.py)
       ncu --clock-control none --section SourceCounters --section WarpStateStats --import-source yes \
-        -k regex:'chunk_prep|state_|grad_chunk' -c 7 -f -o "$out/lines" .device/gdn run --device cuda \
-        -T 16384 --ranks 1 >"$out/lines-run.log" 2>&1
+        "${profile_range[@]}" -f -o "$out/lines" .device/gdn run --device cuda \
+        -T "$profile_t" --ranks 1 >"$out/lines-run.log" 2>&1
       python3 bench/ncu_lines.py "$out/lines.ncu-rep" "" 20 | tee "$out/lines.txt" | grep -E "^==|^--"
       rm -f "$out/lines.ncu-rep" ;;
     bench)  # gdn and its peers by CUDA-graph replay (bench/gpu_peers.sh installs the wheels)
