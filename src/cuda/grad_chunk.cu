@@ -173,14 +173,11 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
     issue_rows_swizzled<kD, kC, kThreads>(dvn_tiles + (j % 2) * kC * kD,
                                           p.dvn + slot(p, place, hv) * kC * kD, kD, kC);
   };
-  auto issue_ds = [&](int j) {
-    issue_rows_swizzled<kD, kD, kThreads>(st, p.dh + slot(p, place, hk * group + j) * kD * kD, kD,
+  auto issue_state = [&](bf16* tile, const bf16* src, int j) {  // dS^T (dh) or S^T (h)
+    issue_rows_swizzled<kD, kD, kThreads>(tile, src + slot(p, place, hk * group + j) * kD * kD, kD,
                                           kD);
   };
-  auto issue_h = [&](int j) {
-    issue_rows_swizzled<kD, kD, kThreads>(hs, p.h + slot(p, place, hk * group + j) * kD * kD, kD,
-                                          kD);
-  };
+  // dO and V as two lambdas: one taking the tensor as an argument spilled 12 bytes more (ptxas).
   auto issue_do = [&](int j) {
     const long long vrow = v_row(p, info.b, info.t0, hk * group + j);
     issue_rows<kD, kC, kThreads>(dos, kLdH, static_cast<const In*>(p.d_o) + vrow * kD, p.HV * kD,
@@ -237,9 +234,9 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
     // The first's come in two groups: what its first products and their epilogue read (dS^T, Vn,
     // dVn, S^T, A, K, rq, rk, gates), then V, dO and Q, waited for before the dv step.
     if (gi == 0) {
-      issue_ds(0);
+      issue_state(st, p.dh, 0);
       issue_vn(0);
-      issue_h(0);
+      issue_state(hs, p.h, 0);
       issue_a(0);
       issue_rows_swizzled<kD, kC, kThreads>(ks, p.kn + row * kD, p.HK * kD, len);
       if (tid < 2 * kC) {
@@ -337,7 +334,7 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
     }
     __syncthreads();  // dS^T is done: the next value head's takes its place
     if (prefetch) {
-      issue_ds(gi + 1);
+      issue_state(st, p.dh, gi + 1);
       cp_async_commit();
     } else if (!std::is_same_v<In, bf16> && p.l2norm) {  // f16 rows of the l2norm's backward
       for (int which = 0; which < 2; ++which)
@@ -541,7 +538,7 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
     }
     __syncthreads();  // S^T and dO are done with: the next value head's come
     if (prefetch) {
-      issue_h(gi + 1);
+      issue_state(hs, p.h, gi + 1);
       issue_do(gi + 1);
       cp_async_commit();
     }
