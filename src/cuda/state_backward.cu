@@ -39,8 +39,8 @@ __global__ void __launch_bounds__(kThreads, 1) state_backward_kernel(Params p) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* smem = align_1024(smem_raw);
   [[maybe_unused]] bf16* staging =
-      reinterpret_cast<bf16*>(smem + Stage::staging) + warp * kC * kLdO;
-  const Pipeline pipe = pipeline(smem);
+      reinterpret_cast<bf16*>(smem + Ring<kBackwardStages>::staging) + warp * kC * kLdO;
+  const auto pipe = pipeline<kBackwardStages>(smem);
   __syncthreads();
   auto prefetch_step = [&](int step) {  // step 0 is the last chunk
     if (step < chunks)
@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_backward_kernel(Params p) {
   };
 
   Acc dS[16];
-  for (int step = 0; step < kStages - 1; ++step) prefetch_step(step);
+  for (int step = 0; step < kBackwardStages - 1; ++step) prefetch_step(step);
   // A segment at a time, from its last chunk here (top) down to its first here (bottom); the
   // pipeline runs on across them.
   for (int step = 0; step < chunks;) {
@@ -74,7 +74,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_backward_kernel(Params p) {
     leaving(dS, z, info, at.local, top);
     for (const int end = step + top - bottom + 1; step < end; ++step) {
       wait_tiles(pipe, step);
-      const Tiles t = tiles(smem, step % kStages);
+      const Tiles t = tiles(smem, step % kBackwardStages);
       [[maybe_unused]] const long long s = slot(p, w.place + chunks - 1 - step, hv);  // dh, dVn
 
       std::uint32_t da[8][4];
@@ -86,7 +86,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_backward_kernel(Params p) {
       wgmma_fence();
       wgmma_nk(dvn, da, t.k, false);
       wgmma_commit();
-      prefetch_step(step + kStages - 1);
+      prefetch_step(step + kBackwardStages - 1);
       if constexpr (!kSummary) store_state_t(p.dh + s * kD * kD, vw, da, staging);  // meanwhile
       // dO^T, and dO^T diag(scale e) in two bf16 parts (sa + sl, pack_bf16_split): rounding it to
       // bf16 once cost 30% of dh0's accuracy under strong gates (bench/rounding.py).
@@ -168,10 +168,10 @@ __global__ void __launch_bounds__(kThreads, 1) state_backward_kernel(Params p) {
 template <typename In, bool kSummary>
 void launch_state_backward(const Params& p, cudaStream_t stream) {
   auto kernel = state_backward_kernel<In, kSummary>;
-  GDN_CUDA_CHECK(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Stage::smem_bytes));
-  kernel<<<dim3(p.HV, kSummary ? p.N * p.seg_count : round_blocks(p)), kThreads, Stage::smem_bytes,
-           stream>>>(p);
+  GDN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      Ring<kBackwardStages>::smem_bytes));
+  kernel<<<dim3(p.HV, kSummary ? p.N * p.seg_count : round_blocks(p)), kThreads,
+           Ring<kBackwardStages>::smem_bytes, stream>>>(p);
   GDN_CUDA_CHECK_LAUNCH();
 }
 

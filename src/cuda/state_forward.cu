@@ -26,6 +26,11 @@ namespace {
 
 using namespace state_pass;
 
+// The recompute runs in the backward, with its stage count (state_pass.cuh).
+constexpr int ring_stages(Pass pass) {
+  return pass == Pass::recompute ? kBackwardStages : kForwardStages;
+}
+
 template <typename In, Pass kPass>
 __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
   constexpr bool kOutput = kPass == Pass::output || kPass == Pass::save;
@@ -33,6 +38,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
   constexpr bool kRoundStates = kPass == Pass::output || kPass == Pass::states;
   constexpr bool kRound = kPass == Pass::recompute;  // one round's chunks
   constexpr bool kSummary = kPass == Pass::summary;
+  constexpr int kStages = ring_stages(kPass);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int hv = blockIdx.x, vw = 16 * warp;
   // The chunk slots this block runs: a summary's segment (or a part of its transfer), else its
@@ -55,13 +61,13 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* smem = align_1024(smem_raw);
   [[maybe_unused]] bf16* staging =
-      reinterpret_cast<bf16*>(smem + Stage::staging) + warp * kC * kLdO;
+      reinterpret_cast<bf16*>(smem + Ring<kStages>::staging) + warp * kC * kLdO;
   if (transfer)  // V = 0: its tiles are zeroed once and never loaded
     for (int idx = threadIdx.x; idx < kStages * kC * kLdH / 8; idx += kThreads) {
       const int buf = idx / (kC * kLdH / 8), at = idx % (kC * kLdH / 8);
       reinterpret_cast<uint4*>(smem + buf * Stage::bytes + Stage::v)[at] = uint4{0, 0, 0, 0};
     }
-  const Pipeline pipe = pipeline(smem);
+  const auto pipe = pipeline<kStages>(smem);
   __syncthreads();
   auto prefetch_chunk = [&](int i) {
     if (i < chunks)
@@ -233,14 +239,14 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
 template <typename In, Pass kPass>
 void launch_state_forward(const Params& p, cudaStream_t stream) {
   auto kernel = state_forward_kernel<In, kPass>;
-  GDN_CUDA_CHECK(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Stage::smem_bytes));
+  constexpr int smem = Ring<ring_stages(kPass)>::smem_bytes;
+  GDN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   const int kinds = kPass == Pass::summary ? 1 + p.seg_parts : 1;
   const int segments = p.N * p.seg_count;
   const int blocks = kPass == Pass::recompute ? round_blocks(p)
                      : kPass == Pass::summary ? segments
                                               : (segments + p.seg_group - 1) / p.seg_group;
-  kernel<<<dim3(p.HV, blocks, kinds), kThreads, Stage::smem_bytes, stream>>>(p);
+  kernel<<<dim3(p.HV, blocks, kinds), kThreads, smem, stream>>>(p);
   GDN_CUDA_CHECK_LAUNCH();
 }
 

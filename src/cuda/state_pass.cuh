@@ -5,7 +5,7 @@
 // V and keeps its 16 x 128 slice of the state transposed (S^T, or dS^T) as f32 accumulators, and
 // each warpgroup (4 warps, 64 columns of V) runs the chunk's products as wgmma with the state as
 // the register A operand (research/kernels.md 6.1): the state never leaves registers. The block
-// streams the chunk's tiles (K, Q, A, P, V or dO, G, beta) through kStages cp.async buffers
+// streams the chunk's tiles (K, Q, A, P, V or dO, G, beta) through 2 or 3 cp.async buffers
 // whose mbarriers (Pipeline) let the two warpgroups drift apart by up to a chunk, so that one's
 // tensor-core work can overlap the other's element-wise work.
 //
@@ -21,7 +21,10 @@ namespace gdn::cuda::state_pass {
 constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kLdO = 24;  // 16-bit row stride of a warp's 64 x 16 staging tile
-constexpr int kStages = 3;
+// Stages of tiles in flight: the forward's passes keep 3, the backward's 2 (one chunk ahead:
+// their chunk steps are 0.4-1.2% faster so, the forward's 0.3-0.5% slower; bench/RESULTS.md).
+constexpr int kForwardStages = 3;
+constexpr int kBackwardStages = 2;
 
 // One stage's tiles, in bytes from the stage's start. K, Q, A and P are swizzled tiles
 // (wgmma.cuh), the B operands of the warpgroup products; V (or dO) is read by ldmatrix.
@@ -34,12 +37,17 @@ struct Stage {
   static constexpr int gates = v + kC * kLdH * 2;       // f32 [kGates][64] (params.cuh)
   static constexpr int beta = gates + kGates * kC * 4;  // f32 [64]
   static constexpr int bytes = (beta + kC * 4 + 1023) / 1024 * 1024;
-  static constexpr int staging = kStages * bytes;                    // 16-bit [kWarps][64][kLdO]
-  static constexpr int barriers = staging + kWarps * kC * kLdO * 2;  // u64 full, empty [kStages]
-  // + 1024: the dynamic shared memory is aligned up to 1024 bytes (align_1024).
-  static constexpr int smem_bytes = barriers + 2 * kStages * 8 + 1024;
 };
-static_assert(Stage::smem_bytes <= 227 * 1024, "one block fits in a Hopper SM's shared memory");
+// A block's shared memory with kN stages: the stages, each warp's staging tile, the mbarriers.
+template <int kN>
+struct Ring {
+  static constexpr int staging = kN * Stage::bytes;                  // 16-bit [kWarps][64][kLdO]
+  static constexpr int barriers = staging + kWarps * kC * kLdO * 2;  // u64 full, empty [kN]
+  // + 1024: the dynamic shared memory is aligned up to 1024 bytes (align_1024).
+  static constexpr int smem_bytes = barriers + 2 * kN * 8 + 1024;
+};
+static_assert(Ring<kForwardStages>::smem_bytes <= 227 * 1024,
+              "one block fits in a Hopper SM's shared memory");
 
 // Which segments the summary passes run (spec 4). Forward: the offset N_k of every segment but
 // the last, and of the last too when its sequence leaves to the next rank; the transfer M_k of
@@ -191,18 +199,20 @@ __device__ inline void prefetch(const Params& p, unsigned char* smem, int buf, i
 
 // The buffers' mbarriers: full(s) completes when every thread's copies into buffer s have landed
 // (cp.async arrivals; no proxy fence is needed before wgmma reads them, as in CUTLASS's cp.async
-// wgmma main loops), empty(s) when every thread is done with it. Chunk i uses buffer i % kStages,
-// so the phase of either barrier that chunk i waits for is i / kStages (minus one for empty).
+// wgmma main loops), empty(s) when every thread is done with it. Chunk i uses buffer i % kN, so
+// the phase of either barrier that chunk i waits for is i / kN (minus one for empty).
+template <int kN>
 struct Pipeline {
-  unsigned base;  // shared address of full(0 .. kStages - 1), then empty(...)
+  unsigned base;  // shared address of full(0 .. kN - 1), then empty(...)
   __device__ unsigned full(int s) const { return base + 8 * s; }
-  __device__ unsigned empty(int s) const { return base + 8 * (kStages + s); }
+  __device__ unsigned empty(int s) const { return base + 8 * (kN + s); }
 };
 // Thread 0 initializes the barriers; the caller syncs the block before their first use.
-__device__ inline Pipeline pipeline(unsigned char* smem) {
-  const Pipeline pipe{smem_address(smem + Stage::barriers)};
+template <int kN>
+__device__ inline Pipeline<kN> pipeline(unsigned char* smem) {
+  const Pipeline<kN> pipe{smem_address(smem + Ring<kN>::barriers)};
   if (threadIdx.x == 0)
-    for (int s = 0; s < kStages; ++s) {
+    for (int s = 0; s < kN; ++s) {
       asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(pipe.full(s)), "r"(kThreads));
       asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(pipe.empty(s)), "r"(kThreads));
     }
@@ -218,22 +228,23 @@ __device__ inline void wait_phase(unsigned barrier, int phase) {
 }
 // Issues chunk i's copies (issue(buffer)) once every thread is done with the chunk that buffer
 // held before, and arrives on its full barrier when they land.
-template <typename Issue>
-__device__ inline void fill(const Pipeline& pipe, int i, Issue issue) {
-  const int s = i % kStages;
-  if (i >= kStages) wait_phase(pipe.empty(s), i / kStages - 1);
+template <int kN, typename Issue>
+__device__ inline void fill(const Pipeline<kN>& pipe, int i, Issue issue) {
+  const int s = i % kN;
+  if (i >= kN) wait_phase(pipe.empty(s), i / kN - 1);
   issue(s);
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(pipe.full(s))
                : "memory");
 }
 // Waits for chunk i's tiles.
-__device__ inline void wait_tiles(const Pipeline& pipe, int i) {
-  wait_phase(pipe.full(i % kStages), i / kStages);
+template <int kN>
+__device__ inline void wait_tiles(const Pipeline<kN>& pipe, int i) {
+  wait_phase(pipe.full(i % kN), i / kN);
 }
 // This thread is done with chunk i's buffer (its wgmma included).
-__device__ inline void release(const Pipeline& pipe, int i) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(pipe.empty(i % kStages))
-               : "memory");
+template <int kN>
+__device__ inline void release(const Pipeline<kN>& pipe, int i) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(pipe.empty(i % kN)) : "memory");
 }
 
 // The A fragments of this warp's 16 x 128 state slice (acc) rounded to bf16.
