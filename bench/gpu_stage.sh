@@ -10,6 +10,8 @@
 #   bash bench/gpu_stage.sh --variant v1 -DTRY=1  # also this tree's bench_cuda built with
 #                                           # these CUDA flags, in .device/v1/ (repeatable; time
 #                                           # with GDN_AB_PROGRAMS="base new v1" gpu_check.sh ab)
+#   GDN_VARIANT_TESTS="test_cuda_delta_rule" bash bench/gpu_stage.sh --variant v1 -DTRY=1
+#                                           # and these test programs of each variant, beside it
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="/usr/local/cuda/bin:$PATH"
@@ -50,8 +52,10 @@ fi
 for ((i = 0; i < ${#variants[@]}; i += 2)); do  # this tree with extra CUDA flags
   name="${variants[i]}" flags="${variants[i + 1]}"
   configure . "build-gpu-$name" -DCMAKE_CUDA_FLAGS="$flags"
-  ninja -C "build-gpu-$name" bench_cuda
+  # shellcheck disable=SC2086  # a list of targets
+  ninja -C "build-gpu-$name" bench_cuda ${GDN_VARIANT_TESTS:-}
   mkdir -p ".device/$name"
   cp "build-gpu-$name/bench/bench_cuda" ".device/$name/"
+  for t in ${GDN_VARIANT_TESTS:-}; do cp "build-gpu-$name/tests/$t" ".device/$name/"; done
   echo "$flags" >".device/$name/flags"
 done
