@@ -1,0 +1,88 @@
+"""Reads `nvdisasm -g -c` output (SASS with source lines) and prints, per kernel, its static
+instruction counts: for each setmaxnreg region (a role of a warp-specialized kernel, or the whole
+kernel) the instructions, spills (STL, LDL), tensor-core and barrier instructions, and the source
+lines that hold most instructions and every spill. Static: a loop body counts once, and each
+role's copy of shared code (both sides of a branch on the thread's index) counts in full.
+
+    python3 bench/sass_lines.py FILE.sass [KERNEL_SUBSTRING] [--top N]
+"""
+
+import argparse
+import collections
+import re
+import subprocess
+
+FUNCTION = re.compile(r"^//-+ \.text\.(\S+) -+")
+SOURCE = re.compile(r'//## File "([^"]+)", line (\d+)')
+INSTRUCTION = re.compile(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
+KINDS = ("STL", "LDL", "HGMMA", "BAR", "LDGSTS", "LDSM", "STSM", "LDS", "STS", "LDG", "STG")
+
+
+class Region:
+    def __init__(self, name):
+        self.name = name
+        self.kinds = collections.Counter()
+        self.lines = collections.Counter()
+        self.spills = collections.Counter()
+
+
+def parse(path, want):
+    """{kernel: [Region]}, the regions split at each USETMAXREG."""
+    kernels, regions, source = {}, None, "?"
+    for text in open(path):
+        match = FUNCTION.match(text)
+        if match:
+            name = match.group(1)
+            regions = kernels.setdefault(name, [Region("start")]) if want in name else None
+            continue
+        if regions is None:
+            continue
+        match = SOURCE.search(text)
+        if match:
+            source = f"{match.group(1).rsplit('/', 1)[-1]}:{match.group(2)}"
+            continue
+        match = INSTRUCTION.match(text)
+        if not match:
+            continue
+        op = match.group(1)
+        if op == "USETMAXREG":
+            regions.append(Region(text.split(";")[0].split()[-1] + " registers"))
+        region = regions[-1]
+        region.kinds["all"] += 1
+        if op in KINDS:
+            region.kinds[op] += 1
+        region.lines[source] += 1
+        if op in ("STL", "LDL"):
+            region.spills[(op, source)] += 1
+    return kernels
+
+
+def readable(mangled):
+    name = subprocess.run(["c++filt", mangled], capture_output=True, text=True).stdout.strip()
+    name = re.sub(r"gdn::cuda::\(anonymous namespace\)::|^void |\(gdn::cuda::Params\)$", "", name)
+    return name.replace("__nv_bfloat16", "bf16").replace("__half", "f16")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("sass")
+    parser.add_argument("kernel", nargs="?", default="")
+    parser.add_argument("--top", type=int, default=12)
+    args = parser.parse_args()
+    for name, regions in parse(args.sass, args.kernel).items():
+        total = sum(r.kinds["all"] for r in regions)
+        print(f"{readable(name)}: {total} instructions")
+        for region in regions:
+            if not region.kinds["all"]:
+                continue
+            counts = ", ".join(f"{k} {region.kinds[k]}" for k in KINDS if region.kinds[k])
+            print(f"  {region.name}: {region.kinds['all']} ({counts})")
+            lines = ", ".join(f"{s} {n}" for s, n in region.lines.most_common(args.top))
+            print(f"    most: {lines}")
+            if region.spills:
+                spills = ", ".join(f"{op} {s} {n}" for (op, s), n in region.spills.most_common(args.top))
+                print(f"    spills ({sum(region.spills.values())}): {spills}")
+
+
+if __name__ == "__main__":
+    main()
