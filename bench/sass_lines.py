@@ -10,6 +10,7 @@ role's copy of shared code (both sides of a branch on the thread's index) counts
 import argparse
 import collections
 import re
+import signal
 import subprocess
 
 FUNCTION = re.compile(r"^//-+ \.text\.(\S+) -+")
@@ -64,6 +65,7 @@ def readable(mangled):
 
 
 def main():
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # quiet when piped into head
     parser = argparse.ArgumentParser()
     parser.add_argument("sass")
     parser.add_argument("kernel", nargs="?", default="")
