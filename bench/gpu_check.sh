@@ -86,6 +86,7 @@ for stage in $stages; do
       echo "base $(cat .device/base/commit 2>/dev/null || echo '?'), new: this build (ms fwd / fwd+bwd, GiB)"
       for name in ${GDN_AB_PROGRAMS:-}; do
         [ -f ".device/$name/flags" ] && echo "$name: this tree with $(cat ".device/$name/flags")"
+        [ -f ".device/$name/commit" ] && echo "$name: commit $(cat ".device/$name/commit")"
       done
       for round in 1 2; do
         for which in ${GDN_AB_PROGRAMS:-base new}; do

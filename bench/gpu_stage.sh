@@ -7,6 +7,8 @@
 #   bash bench/gpu_stage.sh                 # this tree's programs
 #   bash bench/gpu_stage.sh --base main     # also bench_cuda of another commit, in .device/base/,
 #                                           # for `gpu_check.sh ab` (the two timed in turns)
+#   bash bench/gpu_stage.sh --commit old v2 # bench_cuda of commit v2 in .device/old/ (repeatable;
+#                                           # --base C is --commit base C)
 #   bash bench/gpu_stage.sh --variant v1 -DTRY=1  # also this tree's bench_cuda built with
 #                                           # these CUDA flags, in .device/v1/ (repeatable; time
 #                                           # with GDN_AB_PROGRAMS="base new v1" gpu_check.sh ab)
@@ -15,12 +17,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="/usr/local/cuda/bin:$PATH"
-usage="usage: gpu_stage.sh [--base COMMIT] [--variant NAME CUDA_FLAGS]..."
-base=""
+usage="usage: gpu_stage.sh [--base COMMIT] [--commit NAME COMMIT]... [--variant NAME CUDA_FLAGS]..."
+commits=()
 variants=()
 while [ $# -gt 0 ]; do
   case "$1" in
-    --base) [ $# -ge 2 ] || { echo "$usage" >&2; exit 2; }; base="$2"; shift 2 ;;
+    --base) [ $# -ge 2 ] || { echo "$usage" >&2; exit 2; }; commits+=(base "$2"); shift 2 ;;
+    --commit)
+      [ $# -ge 3 ] && [[ "$2" =~ ^[A-Za-z0-9_]+$ ]] || { echo "$usage" >&2; exit 2; }
+      commits+=("$2" "$3"); shift 3 ;;
     --variant)
       [ $# -ge 3 ] && [[ "$2" =~ ^[A-Za-z0-9_]+$ ]] || { echo "$usage" >&2; exit 2; }
       variants+=("$2" "$3"); shift 3 ;;
@@ -40,15 +45,16 @@ mkdir -p .device
 cp build-gpu/gdn $(for t in $tests; do echo build-gpu/tests/$t; done) \
   build-gpu/bench/bench_cuda build-gpu/bench/bench_cuda_cp .device/
 for lib in libfmt.so.9 libgomp.so.1; do cp "$(ldconfig -p | awk -v l=$lib '$1 == l {print $NF; exit}')" .device/; done
-if [ -n "$base" ]; then  # the other commit's tree in build-gpu-base/src, built beside it
-  rm -rf build-gpu-base/src && mkdir -p build-gpu-base/src
-  git archive "$base" | tar -x -C build-gpu-base/src
-  configure build-gpu-base/src build-gpu-base/build
-  ninja -C build-gpu-base/build bench_cuda
-  mkdir -p .device/base
-  cp build-gpu-base/build/bench/bench_cuda .device/base/
-  git rev-parse --short "$base" >.device/base/commit
-fi
+for ((i = 0; i < ${#commits[@]}; i += 2)); do  # another commit's tree in build-gpu-NAME/src
+  name="${commits[i]}" commit="${commits[i + 1]}"
+  rm -rf "build-gpu-$name/src" && mkdir -p "build-gpu-$name/src"
+  git archive "$commit" | tar -x -C "build-gpu-$name/src"
+  configure "build-gpu-$name/src" "build-gpu-$name/build"
+  ninja -C "build-gpu-$name/build" bench_cuda
+  mkdir -p ".device/$name"
+  cp "build-gpu-$name/build/bench/bench_cuda" ".device/$name/"
+  git rev-parse --short "$commit" >".device/$name/commit"
+done
 for ((i = 0; i < ${#variants[@]}; i += 2)); do  # this tree with extra CUDA flags
   name="${variants[i]}" flags="${variants[i + 1]}"
   configure . "build-gpu-$name" -DCMAKE_CUDA_FLAGS="$flags"
