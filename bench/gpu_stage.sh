@@ -13,7 +13,8 @@
 #                                           # these CUDA flags, in .device/v1/ (repeatable; time
 #                                           # with GDN_AB_PROGRAMS="base new v1" gpu_check.sh ab)
 #   GDN_VARIANT_TESTS="test_cuda_delta_rule" bash bench/gpu_stage.sh --variant v1 -DTRY=1
-#                                           # and these test programs of each variant, beside it
+#                                           # and these test programs of each variant (and of each
+#                                           # --commit but base), beside it
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="/usr/local/cuda/bin:$PATH"
@@ -50,9 +51,12 @@ for ((i = 0; i < ${#commits[@]}; i += 2)); do  # another commit's tree in build-
   rm -rf "build-gpu-$name/src" && mkdir -p "build-gpu-$name/src"
   git archive "$commit" | tar -x -C "build-gpu-$name/src"
   configure "build-gpu-$name/src" "build-gpu-$name/build"
-  ninja -C "build-gpu-$name/build" bench_cuda
+  tests_here="$([ "$name" = base ] || echo "${GDN_VARIANT_TESTS:-}")"
+  # shellcheck disable=SC2086  # a list of targets
+  ninja -C "build-gpu-$name/build" bench_cuda $tests_here
   mkdir -p ".device/$name"
   cp "build-gpu-$name/build/bench/bench_cuda" ".device/$name/"
+  for t in $tests_here; do cp "build-gpu-$name/build/tests/$t" ".device/$name/"; done
   git rev-parse --short "$commit" >".device/$name/commit"
 done
 for ((i = 0; i < ${#variants[@]}; i += 2)); do  # this tree with extra CUDA flags
