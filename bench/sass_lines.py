@@ -1,8 +1,10 @@
 """Reads `nvdisasm -g -c` output (SASS with source lines) and prints, per kernel, its static
 instruction counts: for each setmaxnreg region (a role of a warp-specialized kernel, or the whole
 kernel) the instructions, spills (STL, LDL), tensor-core and barrier instructions, and the source
-lines that hold most instructions and every spill. Static: a loop body counts once, and each
-role's copy of shared code (both sides of a branch on the thread's index) counts in full.
+lines that hold most instructions and every spill; then its largest loops (a backward branch to
+a label: the instructions between, those of a chunk or value-head loop a warp issues each turn).
+Static: a loop body counts once, and each role's copy of shared code (both sides of a branch on
+the thread's index) counts in full.
 
     python3 bench/sass_lines.py FILE.sass [KERNEL_SUBSTRING] [--top N]
 """
@@ -16,6 +18,8 @@ import subprocess
 FUNCTION = re.compile(r"^//-+ \.text\.(\S+) -+")
 SOURCE = re.compile(r'//## File "([^"]+)", line (\d+)')
 INSTRUCTION = re.compile(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
+LABEL = re.compile(r"^\.L_x_(\d+):")
+TARGET = re.compile(r"\.L_x_(\d+)")
 KINDS = ("STL", "LDL", "HGMMA", "BAR", "LDGSTS", "LDSM", "STSM", "LDS", "STS", "LDG", "STG")
 
 
@@ -27,25 +31,59 @@ class Region:
         self.spills = collections.Counter()
 
 
+class Kernel:
+    def __init__(self):
+        self.regions = [Region("start")]
+        self.ops = []  # every instruction's opcode, in order
+        self.labels = {}  # label -> index of the instruction after it
+        self.back = []  # (index of a branch, its label)
+
+    def loops(self):
+        """(instructions, spill instructions, wgmma, region) of each loop, largest first."""
+        starts = [i for i, op in enumerate(self.ops) if op == "USETMAXREG"]
+        out = []
+        for at, label in self.back:
+            first = self.labels.get(label, at + 1)
+            if first > at:
+                continue
+            region = sum(1 for i in starts if i <= first)
+            if region != sum(1 for i in starts if i <= at):
+                continue  # a jump between roles' code, not a loop of one
+            body = self.ops[first : at + 1]
+            spills = sum(op in ("STL", "LDL") for op in body)
+            out.append((len(body), spills, body.count("HGMMA"), self.regions[region].name))
+        return sorted(out, reverse=True)
+
+
 def parse(path, want):
-    """{kernel: [Region]}, the regions split at each USETMAXREG."""
-    kernels, regions, source = {}, None, "?"
+    """{kernel: Kernel}, its regions split at each USETMAXREG."""
+    kernels, kernel, source = {}, None, "?"
     for text in open(path):
         match = FUNCTION.match(text)
         if match:
             name = match.group(1)
-            regions = kernels.setdefault(name, [Region("start")]) if want in name else None
+            kernel = kernels.setdefault(name, Kernel()) if want in name else None
             continue
-        if regions is None:
+        if kernel is None:
             continue
         match = SOURCE.search(text)
         if match:
             source = f"{match.group(1).rsplit('/', 1)[-1]}:{match.group(2)}"
             continue
+        match = LABEL.match(text.strip())
+        if match:
+            kernel.labels[match.group(1)] = len(kernel.ops)
+            continue
         match = INSTRUCTION.match(text)
         if not match:
             continue
         op = match.group(1)
+        if op == "BRA":
+            target = TARGET.search(text)
+            if target and target.group(1) in kernel.labels:  # a label above: a loop
+                kernel.back.append((len(kernel.ops), target.group(1)))
+        kernel.ops.append(op)
+        regions = kernel.regions
         if op == "USETMAXREG":
             regions.append(Region(text.split(";")[0].split()[-1] + " registers"))
         region = regions[-1]
@@ -71,7 +109,8 @@ def main():
     parser.add_argument("kernel", nargs="?", default="")
     parser.add_argument("--top", type=int, default=12)
     args = parser.parse_args()
-    for name, regions in parse(args.sass, args.kernel).items():
+    for name, kernel in parse(args.sass, args.kernel).items():
+        regions = kernel.regions
         total = sum(r.kinds["all"] for r in regions)
         print(f"{readable(name)}: {total} instructions")
         for region in regions:
@@ -84,6 +123,8 @@ def main():
             if region.spills:
                 spills = ", ".join(f"{op} {s} {n}" for (op, s), n in region.spills.most_common(args.top))
                 print(f"    spills ({sum(region.spills.values())}): {spills}")
+        for size, spills, wgmma, where in kernel.loops()[:4]:
+            print(f"  loop of {size} instructions ({spills} spill, {wgmma} wgmma) in {where}")
 
 
 if __name__ == "__main__":
