@@ -83,13 +83,14 @@ for stage in $stages; do
       # (--variant), in turns, two rounds; GDN_AB_ROWS: bench_cuda argument lists, ';' between
       # rows; GDN_AB_PROGRAMS: which, in order (new: this build; others: .device/NAME/)
       rows="${GDN_AB_ROWS:-1 65536 16 32;1 16384 16 32;1 4096 16 32;8 8192 16 32;1 65536 1 2}"
-      echo "base $(cat .device/base/commit 2>/dev/null || echo '?'), new: this build (ms fwd / fwd+bwd, GiB)"
-      for name in ${GDN_AB_PROGRAMS:-}; do
+      programs="${GDN_AB_PROGRAMS:-base new}"
+      echo "ms fwd / fwd+bwd, GiB; new: this build"
+      for name in $programs; do
         [ -f ".device/$name/flags" ] && echo "$name: this tree with $(cat ".device/$name/flags")"
         [ -f ".device/$name/commit" ] && echo "$name: commit $(cat ".device/$name/commit")"
       done
       for round in 1 2; do
-        for which in ${GDN_AB_PROGRAMS:-base new}; do
+        for which in $programs; do
           program=.device/bench_cuda
           [ "$which" != new ] && program=".device/$which/bench_cuda"
           IFS=';' read -ra list <<<"$rows"

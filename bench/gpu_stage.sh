@@ -46,6 +46,11 @@ mkdir -p .device
 cp build-gpu/gdn $(for t in $tests; do echo build-gpu/tests/$t; done) \
   build-gpu/bench/bench_cuda build-gpu/bench/bench_cuda_cp .device/
 for lib in libfmt.so.9 libgomp.so.1; do cp "$(ldconfig -p | awk -v l=$lib '$1 == l {print $NF; exit}')" .device/; done
+stage() {  # name, build dir, test programs: its bench_cuda and those in .device/NAME/
+  mkdir -p ".device/$1"
+  cp "$2/bench/bench_cuda" ".device/$1/"
+  for t in $3; do cp "$2/tests/$t" ".device/$1/"; done
+}
 for ((i = 0; i < ${#commits[@]}; i += 2)); do  # another commit's tree in build-gpu-NAME/src
   name="${commits[i]}" commit="${commits[i + 1]}"
   rm -rf "build-gpu-$name/src" && mkdir -p "build-gpu-$name/src"
@@ -54,9 +59,7 @@ for ((i = 0; i < ${#commits[@]}; i += 2)); do  # another commit's tree in build-
   tests_here="$([ "$name" = base ] || echo "${GDN_VARIANT_TESTS:-}")"
   # shellcheck disable=SC2086  # a list of targets
   ninja -C "build-gpu-$name/build" bench_cuda $tests_here
-  mkdir -p ".device/$name"
-  cp "build-gpu-$name/build/bench/bench_cuda" ".device/$name/"
-  for t in $tests_here; do cp "build-gpu-$name/build/tests/$t" ".device/$name/"; done
+  stage "$name" "build-gpu-$name/build" "$tests_here"
   git rev-parse --short "$commit" >".device/$name/commit"
 done
 for ((i = 0; i < ${#variants[@]}; i += 2)); do  # this tree with extra CUDA flags
@@ -64,8 +67,6 @@ for ((i = 0; i < ${#variants[@]}; i += 2)); do  # this tree with extra CUDA flag
   configure . "build-gpu-$name" -DCMAKE_CUDA_FLAGS="$flags"
   # shellcheck disable=SC2086  # a list of targets
   ninja -C "build-gpu-$name" bench_cuda ${GDN_VARIANT_TESTS:-}
-  mkdir -p ".device/$name"
-  cp "build-gpu-$name/bench/bench_cuda" ".device/$name/"
-  for t in ${GDN_VARIANT_TESTS:-}; do cp "build-gpu-$name/tests/$t" ".device/$name/"; done
+  stage "$name" "build-gpu-$name" "${GDN_VARIANT_TESTS:-}"
   echo "$flags" >".device/$name/flags"
 done
