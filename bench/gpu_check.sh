@@ -2,7 +2,7 @@
 # On the GPU machine, from the repository root, after bench/gpu_stage.sh: the CUDA tests, the
 # sanitizers, a per-kernel profile at B=1 T=65536, then bench_cuda and bench/peers.py's speed
 # part (gdn, FLA, FlashQLA and transformers in the same run). Logs go to $OUT (or ./gpu-logs).
-# Stages: test, cp, cp-bench, cp-sanitize, profile, stalls, lines, bench, ab, accuracy,
+# Stages: test, cp, cp-bench, cp-sanitize, profile, stalls, lines, bench, ab, variants, accuracy,
 # peers-profile (default: test sanitize profile bench). stalls and lines profile one training
 # forward + backward (`gdn run`) at T=$GDN_PROFILE_T (16384), the kernels matching
 # $GDN_PROFILE_KERNELS, skipping the first $GDN_PROFILE_SKIP of them (0) and profiling
@@ -101,6 +101,24 @@ for stage in $stages; do
           done
         done
       done | tee "$out/ab.log" ;;
+    variants)  # test_cuda_delta_rule of staged programs, each under a timeout (a protocol bug
+      # hangs): GDN_TEST_PROGRAMS lists NAME or NAME=GTEST_FILTER (new: this build; others:
+      # .device/NAME/ or build-stage2/NAME/, a second carry; NAME may be a path such as
+      # bisect/v2), GDN_TEST_TIMEOUT seconds each (240)
+      for spec in ${GDN_TEST_PROGRAMS:-new}; do
+        name="${spec%%=*}" filter='*'
+        [ "$spec" != "$name" ] && filter="${spec#*=}"
+        program=.device/test_cuda_delta_rule
+        [ "$name" != new ] && program=".device/$name/test_cuda_delta_rule"
+        [ -x "$program" ] || program="build-stage2/$name/test_cuda_delta_rule"
+        log="$out/variant-${name//\//-}.log" start=$SECONDS
+        timeout "${GDN_TEST_TIMEOUT:-240}" "$program" --gtest_filter="$filter" >"$log" 2>&1
+        status=$?
+        echo "$name ($filter): exit $status in $((SECONDS - start)) s; passed $(grep -cE \
+          '^\[       OK' "$log"), failed $(grep -cE '^\[  FAILED  \].*\(' "$log"), skipped $(grep \
+          -cE '^\[  SKIPPED \]' "$log")"
+        grep -E "^\[  FAILED  \].*\(|Failure|errors" "$log" | head -8
+      done ;;
     accuracy)  # every output against float64, gdn and its peers on the same inputs (a fresh
       # machine compiles the peers' kernels first: over 250 s each for FLA and FlashQLA)
       bash bench/gpu_peers.sh --part accuracy --peers gdn,fla,flashqla ;;
@@ -111,7 +129,7 @@ gpu__time_duration.sum" bash bench/gpu_peers.sh --peer flashqla --part profile \
         --gates "${GDN_PEERS_GATES:-mixed}" >"$out/peers-ncu.log" 2>&1
       grep -E "^  [a-zA-Z_].*\(|gpu__time_duration" "$out/peers-ncu.log" |
         sed -E 's/^ *(void )?//; s/\(.*//; s/gpu__time_duration.sum//' | paste - - ;;
-    *) echo "gpu_check: unknown stage $stage (test, cp, cp-bench, cp-sanitize, sanitize, profile, stalls, lines, bench, ab, accuracy, peers-profile)"
+    *) echo "gpu_check: unknown stage $stage (test, cp, cp-bench, cp-sanitize, sanitize, profile, stalls, lines, bench, ab, variants, accuracy, peers-profile)"
        exit 2 ;;
   esac
 done
