@@ -246,10 +246,10 @@ __global__ void __launch_bounds__(kThreads, 4) chunk_prep_kernel(Params p) {
     __syncthreads();
     // exp(G_i - G_j) for j <= i: exp(H_i - H_j) without a reset in (j, i], else 0.
     auto decay = [&](int i, int j) {
-      return j <= i && R[i] == R[j] ? __expf(H[i] - H[j]) : 0.0f;  // mask before exp
+      return j <= i && R[i] == R[j] ? exp_ftz(H[i] - H[j]) : 0.0f;  // mask before exp
     };
     if (tid < kC) {
-      const float e = R[tid] == 0.0f ? __expf(H[tid]) : 0.0f;
+      const float e = R[tid] == 0.0f ? exp_ftz(H[tid]) : 0.0f;
       p.G[s * kC + tid] = H[tid] - core::kResetLogDecay * R[tid];
       p.bt[s * kC + tid] = beta[tid];
       float* gates = p.gates + s * kGates * kC + tid;
@@ -281,7 +281,7 @@ __global__ void __launch_bounds__(kThreads, 4) chunk_prep_kernel(Params p) {
           for (int e = 0; e < 2; ++e) {
             const float hj = e ? Hj.y : Hj.x, rj = e ? Rj.y : Rj.x;
             const bool on = j + e <= i[h] && Ri[h] == rj;
-            const float d = __expf(on ? Hi[h] - hj : -INFINITY) * (e ? kj.y : kj.x);
+            const float d = exp_ftz(on ? Hi[h] - hj : -INFINITY) * (e ? kj.y : kj.x);
             l[e] = j + e < i[h] ? bi[h] * kk[nt][2 * h + e] * d : 0.0f;
             q[e] = qi[h] * qk[nt][2 * h + e] * d;
           }

@@ -86,6 +86,15 @@ __device__ inline void issue_rows(void* dst, int ld, const void* src, long long 
     cp_async16(to, row < valid ? from : src, row < valid);
 }
 
+// e^x on the special-function unit with results below 2^-126 (x < -87.3) flushed to zero, so
+// without the four instructions __expf spends making them denormal: each is a decay that scales
+// one term of a sum, which that flush changes by less than 2^-126 of the term's other factors.
+__device__ inline float exp_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x * 1.44269504088896341f));
+  return y;
+}
+
 // Sum over the 32 lanes of a warp.
 __device__ inline float warp_sum(float x) {
   for (int offset = 16; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);

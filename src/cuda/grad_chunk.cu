@@ -270,8 +270,8 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
     if (gi > 0) convert_do();
     fence_proxy_async();  // the landed tiles, before wgmma reads them
     __syncthreads();
-    const float g_last = G[kC - 1], gamma = __expf(g_last);
-    auto e_of = [&](int i) { return __expf(G[i]); };
+    const float g_last = G[kC - 1], gamma = exp_ftz(g_last);
+    auto e_of = [&](int i) { return exp_ftz(G[i]); };
 
     // dKf = Vn dS^T and dR = A^T dVn (columns of this half), issued together with, for the
     // gradient of gamma, sum(S * dS) = trace(S^T dS): this warpgroup's diagonal block of it, rows
@@ -302,7 +302,7 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
           if (8 * nt + c + e % 2 == r0 + g + 8 * (e / 2)) diag += tr[nt][e];
       diag = warp_sum(diag);
       if (lane == 0) extra[warp] = gamma * diag;
-      const float f_lo = __expf(g_last - G[i_lo]), f_hi = __expf(g_last - G[i_hi]);
+      const float f_lo = exp_ftz(g_last - G[i_lo]), f_hi = exp_ftz(g_last - G[i_hi]);
       float lo = 0, hi = 0;
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt) {
@@ -392,7 +392,7 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
     fence_proxy_async();  // -dR is an SS operand (the async proxy) below
     bf16* ndr = dvn;      // -dR
 
-    auto decay = [&](int i, int j) { return j <= i ? __expf(G[i] - G[j]) : 0.0f; };
+    auto decay = [&](int i, int j) { return j <= i ? exp_ftz(G[i] - G[j]) : 0.0f; };
 
     // dP = scale dO Vn^T and P = (Q K^T) * decay: dP * decay goes to its tiles at once, t = dP * P
     // to dG_i (row sums) and -dG_j (column sums); the decays are kept for dL's terms.
