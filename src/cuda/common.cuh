@@ -95,6 +95,13 @@ __device__ inline float exp_ftz(float x) {
   return y;
 }
 
+// x, the same in every lane of the warp, as the compiler can see it: what derives from it (a
+// warpgroup's tile, its wgmma descriptors) is then computed once a warp in uniform registers, not
+// per lane and moved over for each wgmma.
+__device__ inline int uniform(int x) {
+  return __shfl_sync(0xffffffffu, x, 0);
+}
+
 // Sum over the 32 lanes of a warp.
 __device__ inline float warp_sum(float x) {
   for (int offset = 16; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);

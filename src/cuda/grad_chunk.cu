@@ -123,8 +123,8 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
   __syncthreads();
   auto chunk = [&] { return *static_cast<volatile int*>(&shared_cid); };
   const int warp = tid / 32, lane = tid % 32, g = lane / 4, c = 2 * (lane % 4);
-  const int r0 = 16 * (warp % 4), half = warp / 4;  // rows r0.., columns of this half
-  const int i_lo = r0 + g, i_hi = i_lo + 8;         // this lane's rows
+  const int r0 = 16 * (warp % 4), half = uniform(warp / 4);  // rows r0.., columns of this half
+  const int i_lo = r0 + g, i_hi = i_lo + 8;                  // this lane's rows
   const ChunkInfo info = at.info;
   if (info.len == 0) return;
   const int group = p.HV / p.HK, len = info.len;

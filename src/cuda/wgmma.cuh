@@ -69,6 +69,14 @@ __device__ inline std::uint64_t wgmma_desc(const void* start, int leading, int s
          (static_cast<std::uint64_t>(leading >> 4) & 0x3fff) << 16 |
          (static_cast<std::uint64_t>(stride >> 4) & 0x3fff) << 32 | std::uint64_t{1} << 62;
 }
+// desc with its start `bytes` (a multiple of 16) further on: an add to the start field, which
+// holds address / 16 of a shared memory below 2^18 bytes and so never carries out of its 14 bits
+// (a descriptor made anew costs a conversion and half a dozen bit operations a wgmma).
+__device__ inline std::uint64_t desc_plus(std::uint64_t desc, int bytes) {
+  const std::uint32_t low =
+      static_cast<std::uint32_t>(desc) + static_cast<std::uint32_t>(bytes >> 4);
+  return (desc & 0xffffffff00000000ull) | low;
+}
 
 __device__ inline void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
@@ -207,8 +215,7 @@ __device__ inline void wgmma_tile(Acc (&d)[N], std::uint64_t a_desc, std::uint64
 // The descriptor of k-tile kt (16 columns) of a K-major swizzled tile of `rows` rows: 64-column
 // block kt / 4, 32 (kt % 4) bytes into each of its 128-byte rows.
 __device__ inline std::uint64_t k_major_desc(const void* tile, int rows, int kt) {
-  return wgmma_desc(static_cast<const unsigned char*>(tile) + (kt / 4) * rows * 128 + (kt % 4) * 32,
-                    16, 1024);
+  return desc_plus(wgmma_desc(tile, 16, 1024), (kt / 4) * rows * 128 + (kt % 4) * 32);
 }
 
 // A, the first operand of the products below: registers (A fragments of this warp's 16 rows,
@@ -259,7 +266,7 @@ __device__ inline void wgmma_kn(Acc (&d)[N], const A& a, const bf16* x, int rows
   // k-tile kt: rows 16 kt .., 2048 bytes on; 64-column blocks rows * 128 bytes apart.
 #pragma unroll
   for (int kt = 0; kt < KTiles<A>::value; ++kt)
-    wgmma_ktile<N, true>(d, a, kt, wgmma_desc(base + kt * 2048, rows * 128, 1024),
+    wgmma_ktile<N, true>(d, a, kt, desc_plus(wgmma_desc(base, rows * 128, 1024), kt * 2048),
                          accumulate || kt > 0);
 }
 
