@@ -82,8 +82,10 @@ __device__ inline void issue_rows(void* dst, int ld, const void* src, long long 
   unsigned short* to = static_cast<unsigned short*>(dst) + r * ld + piece * 8;
   const unsigned short* from = static_cast<const unsigned short*>(src) + r * stride + piece * 8;
 #pragma unroll
-  for (int row = r; row < kRows; row += kStep, to += kStep * ld, from += kStep * stride)
+  for (int i = 0; i < kRows / kStep; ++i, to += kStep * ld, from += kStep * stride) {
+    const int row = r + i * kStep;  // (r < kStep: a trip count the compiler sees, no branches)
     cp_async16(to, row < valid ? from : src, row < valid);
+  }
 }
 
 // e^x on the special-function unit with results below 2^-126 (x < -87.3) flushed to zero, so

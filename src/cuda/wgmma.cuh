@@ -53,8 +53,10 @@ __device__ inline void issue_rows_swizzled(void* tile, const void* src, long lon
   unsigned char* to = static_cast<unsigned char*>(tile) + swizzled_offset(kRows, r, piece);
   const unsigned short* from = static_cast<const unsigned short*>(src) + r * stride + piece * 8;
 #pragma unroll
-  for (int row = r; row < kRows; row += kStep, to += kStep * 128, from += kStep * stride)
+  for (int i = 0; i < kRows / kStep; ++i, to += kStep * 128, from += kStep * stride) {
+    const int row = r + i * kStep;  // (r < kStep: a trip count the compiler sees, no branches)
     cp_async16(to, row < valid ? from : src, row < valid);
+  }
 }
 
 // Orders this thread's generic-proxy writes of shared memory (stores, cp.async once waited for)
