@@ -22,7 +22,7 @@ using namespace state_pass;
 template <typename In, bool kSummary>
 __global__ void __launch_bounds__(kThreads, 1) state_backward_kernel(Params p) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int hv = blockIdx.x, vw = 16 * warp;
+  const int hv = blockIdx.x, hk = hv / (p.HV / p.HK), vw = 16 * warp;
   // The chunk slots this block runs, in reverse: a summary's segment, else its walk in this
   // round (state_pass.cuh), whose dh and dVn go to the round's places from `w.place` on.
   Walk w;
@@ -45,7 +45,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_backward_kernel(Params p) {
   auto prefetch_step = [&](int step) {  // step 0 is the last chunk
     if (step < chunks)
       fill(pipe, step,
-           [&](int buf) { prefetch(p, smem, buf, w.end - 1 - step, hv, true, true, p.d_o); });
+           [&](int buf) { prefetch(p, smem, buf, w.end - 1 - step, hv, hk, true, true, p.d_o); });
   };
   // The state gradient leaving a segment's last chunk here, slot cid (a summary's from zero but
   // for a sequence's last segment).

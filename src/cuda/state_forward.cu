@@ -40,7 +40,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
   constexpr bool kSummary = kPass == Pass::summary;
   constexpr int kStages = ring_stages(kPass);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int hv = blockIdx.x, vw = 16 * warp;
+  const int hv = blockIdx.x, hk = hv / (p.HV / p.HK), vw = 16 * warp;
   // The chunk slots this block runs: a summary's segment (or a part of its transfer), else its
   // walk (state_pass.cuh).
   const bool transfer = kSummary && blockIdx.z > 0;
@@ -72,7 +72,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
   auto prefetch_chunk = [&](int i) {
     if (i < chunks)
       fill(pipe, i, [&](int buf) {
-        prefetch(p, smem, buf, w.begin + i, hv, kOutput, kOutput, transfer ? nullptr : p.v);
+        prefetch(p, smem, buf, w.begin + i, hv, hk, kOutput, kOutput, transfer ? nullptr : p.v);
       });
   };
   // The state entering a segment's first chunk here (at `local` > 0: a round after its first).
