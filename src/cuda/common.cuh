@@ -50,7 +50,9 @@ __device__ inline void store_scalar(void* p, long long i, int code, float x) {
     static_cast<__half*>(p)[i] = from_float<__half>(x);
 }
 
-// 16-byte global -> shared copy; zero-fills the destination when !valid.
+// 16-byte global -> shared copy; zero-fills the destination when !valid, and then reads nothing
+// (src-size 0), so gmem may point past the tensor: a row past a sequence's end needs no clamped
+// address (the select was two instructions a copy).
 __device__ inline void cp_async16(void* smem, const void* gmem, bool valid) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem),
@@ -84,7 +86,7 @@ __device__ inline void issue_rows(void* dst, int ld, const void* src, long long 
 #pragma unroll
   for (int i = 0; i < kRows / kStep; ++i, to += kStep * ld, from += kStep * stride) {
     const int row = r + i * kStep;  // (r < kStep: a trip count the compiler sees, no branches)
-    cp_async16(to, row < valid ? from : src, row < valid);
+    cp_async16(to, from, row < valid);
   }
 }
 

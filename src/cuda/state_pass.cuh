@@ -169,7 +169,7 @@ __device__ inline void prefetch(const Params& p, unsigned char* smem, int buf, i
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     const bool valid = r + 16 * j < info.len;
-    const long long off = valid ? qk + 16LL * j * p.HK * kD : 0;
+    const long long off = qk + 16LL * j * p.HK * kD;
     cp_async16(base + Stage::k + at + 2048 * j, p.kn + off, valid);
     if (with_q) cp_async16(base + Stage::q + at + 2048 * j, p.qn + off, valid);
   }
@@ -187,7 +187,7 @@ __device__ inline void prefetch(const Params& p, unsigned char* smem, int buf, i
     for (int j = 0; j < 4; ++j) {
       const bool valid = r + 16 * j < info.len;
       cp_async16(base + Stage::v + ((r + 16 * j) * kLdH + piece * 8) * 2,
-                 src + (valid ? v + 16LL * j * p.HV * kD : 0), valid);
+                 src + v + 16LL * j * p.HV * kD, valid);
     }
   }
   constexpr int kGatePieces = kGates * kC / 4;  // 16 bytes each

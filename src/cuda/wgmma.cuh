@@ -55,7 +55,7 @@ __device__ inline void issue_rows_swizzled(void* tile, const void* src, long lon
 #pragma unroll
   for (int i = 0; i < kRows / kStep; ++i, to += kStep * 128, from += kStep * stride) {
     const int row = r + i * kStep;  // (r < kStep: a trip count the compiler sees, no branches)
-    cp_async16(to, row < valid ? from : src, row < valid);
+    cp_async16(to, from, row < valid);
   }
 }
 
