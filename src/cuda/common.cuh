@@ -51,8 +51,9 @@ __device__ inline void store_scalar(void* p, long long i, int code, float x) {
 }
 
 // 16-byte global -> shared copy; zero-fills the destination when !valid, and then reads nothing
-// (src-size 0), so gmem may point past the tensor: a row past a sequence's end needs no clamped
-// address (the select was two instructions a copy).
+// (src-size 0 compiles to the same LDGSTS as PTX's ignore-src form, documented as ignoring the
+// source), so gmem may point past the tensor: a row past a sequence's end needs no clamped
+// address (the select was two instructions a copy; memcheck reports no access).
 __device__ inline void cp_async16(void* smem, const void* gmem, bool valid) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem),
