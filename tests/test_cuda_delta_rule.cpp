@@ -225,6 +225,20 @@ TEST(CudaDeltaRule, TransferParts) {
   check_problem(base(8192, 1, 2), true, true, true, nullptr, nullptr, 16);
   check_problem(base(20480, 1, 2), false, false, true, nullptr, nullptr, 16);
 }
+// The folds' blocks take 8, 16 or 32 columns of the state (segments.h: fold_tiles), by how many
+// sequences x value heads there are to fill the GPU: one problem at T=8192 on copies of its head
+// group for each width, each cut into at least three segments so that the folds run steps.
+TEST(CudaDeltaRule, FoldSlices) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const int sms = multiprocessors();
+  for (const int tiles : {1, 2, 4}) {
+    int copies = 1;
+    while (copies < 64 && cuda::fold_tiles(2 * copies, sms) != tiles) ++copies;
+    ASSERT_EQ(cuda::fold_tiles(2 * copies, sms), tiles);
+    EXPECT_GE(cuda::plan_segments(2 * copies, 8192 / 64, false, true, sms).count, 3);
+    check_problem(base(8192, 1, 2), true, true, true, nullptr, nullptr, copies);
+  }
+}
 // The backward's three ways to its h and Vn on `copies` copies of p's head group: the training
 // path (offsets on the host), a backward reading an inference forward's workspace, and the
 // offsets on the device only (the backward recomputes everything).

@@ -12,9 +12,9 @@ constexpr long long kMatrix = kD * kD;
 __global__ void __launch_bounds__(affine::kThreads)
     affine_kernel(const float* M, const float* X, const float* C, float* Y) {
   const long long i = blockIdx.x;
-  const int j0 = blockIdx.y * affine::kSlice;
+  const int j0 = blockIdx.y * 8;
   extern __shared__ __align__(16) unsigned char smem[];
-  affine::Smem& slice = *reinterpret_cast<affine::Smem*>(smem);
+  auto& slice = *reinterpret_cast<affine::Smem<1>*>(smem);
   affine::load(slice, X + i * kMatrix, j0);
   affine::chain<false>(
       slice, 1, [&](int) { return M + i * kMatrix; },
@@ -38,10 +38,10 @@ __global__ void transpose_kernel(float* M) {
 void launch_affine(int count, const float* M, const float* X, const float* C, float* Y,
                    cudaStream_t stream) {
   if (count == 0) return;
-  GDN_CUDA_CHECK(cudaFuncSetAttribute(affine_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      affine::kSmemBytes));
-  affine_kernel<<<dim3(count, kD / affine::kSlice), affine::kThreads, affine::kSmemBytes, stream>>>(
-      M, X, C, Y);
+  constexpr int smem = affine::kSmemBytes<1>;
+  GDN_CUDA_CHECK(
+      cudaFuncSetAttribute(affine_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  affine_kernel<<<dim3(count, kD / 8), affine::kThreads, smem, stream>>>(M, X, C, Y);
   GDN_CUDA_CHECK_LAUNCH();
 }
 

@@ -257,6 +257,7 @@ std::size_t plan(const DeltaRuleInputs& in, const DeltaRuleShape& s, ChunkCount 
   p.round_by_slots = rounds.by_slots;
   const int sms = multiprocessors();
   p.seg_group = cuda::segment_group(segments, s.HV, sms);
+  p.fold_tiles = cuda::fold_tiles(s.N * s.HV, sms);
   p.round_group =
       cuda::segment_group(std::min<std::int64_t>(segments, rounds.slots * p.seg_count), s.HV, sms);
   const std::int64_t at_boundaries = rounds.boundaries(segments) * s.HV * kD * kD;  // floats

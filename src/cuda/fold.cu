@@ -1,5 +1,6 @@
 // The serial composition of the segment summaries (spec 4; state_pass.cuh), one block per
-// (value head, sequence, 8 columns of the state), with affine.cuh's steps. Segment k of sequence
+// (value head, sequence, slice of 8, 16 or 32 columns of the state: segments.h fold_tiles), with
+// affine.cuh's steps. Segment k of sequence
 // n is z = z0 + k (z0 = n seg_count); last is its final segment. Forward, the state entering
 // segment k + 1 is S(k + 1) = M_k S(k) + N_k; backward, the gradient leaving segment k - 1 is
 // dS(k - 1) = M_k^T dS(k) + D_k, each M_k in seg_parts factors (segments.h), a step each. The
@@ -22,14 +23,12 @@
 namespace gdn::cuda {
 namespace {
 
-static_assert(kD / affine::kSlice == kFoldSlices, "segments.h counts the fold's blocks");
-
 using state_pass::segment_matrix;
 using state_pass::sequence_matrix;
 
-template <Fold kFold>
+template <Fold kFold, int kTiles>
 __global__ void __launch_bounds__(affine::kThreads) fold_kernel(Params p) {
-  const int hv = blockIdx.x, n = blockIdx.y, j0 = blockIdx.z * affine::kSlice;
+  const int hv = blockIdx.x, n = blockIdx.y, j0 = blockIdx.z * 8 * kTiles;
   const int chunks = p.chunk_begin[n + 1] - p.chunk_begin[n];
   const int last = (chunks + p.seg_len - 1) / p.seg_len - 1, z0 = n * p.seg_count;
   if (chunks == 0) return;
@@ -50,7 +49,7 @@ __global__ void __launch_bounds__(affine::kThreads) fold_kernel(Params p) {
   auto none = [](int) -> float* { return nullptr; };
   const long long map = static_cast<long long>(chain(p, n)) * p.HV + hv;
   extern __shared__ __align__(16) unsigned char smem[];
-  affine::Smem& X = *reinterpret_cast<affine::Smem*>(smem);
+  auto& X = *reinterpret_cast<affine::Smem<kTiles>*>(smem);
 
   if constexpr (kFold == Fold::states) {  // k = first .. last - 1, f rising from first R
     const bool carried = enters(p, n);
@@ -83,39 +82,50 @@ __global__ void __launch_bounds__(affine::kThreads) fold_kernel(Params p) {
   } else if constexpr (kFold == Fold::map_offset) {  // k = 1 .. last, f rising from R
     if (!leaves(p, n)) return;
     affine::load(X, last == 0 ? local(0) : state(1), j0);
-    const int b = affine::chain<false>(
+    affine::chain<false>(
         X, last * R, [&](int u) { return M(R + u); },
         [&](int u) { return part_of(u) == R - 1 ? local(1 + seg_of(u)) : nullptr; }, none, j0);
-    affine::store(X, b, p.map_N + map * kD * kD, j0);
+    affine::store(X, p.map_N + map * kD * kD, j0);
   } else if constexpr (kFold == Fold::map_transfer) {  // k = 0 .. last when n enters
     if (!leaves(p, n)) return;
     const bool carried = enters(p, n);
     affine::load(X, carried ? M(0) : nullptr, j0);
-    const int b = affine::chain<false>(
+    affine::chain<false>(
         X, carried ? (last + 1) * R - 1 : 0, [&](int u) { return M(1 + u); }, none, none, j0);
-    affine::store(X, b, p.map_M + map * kD * kD, j0);
+    affine::store(X, p.map_M + map * kD * kD, j0);
   } else {  // grad_offset: k = last - 1 .. 0, f falling from last R - 1
     if (!enters(p, n)) return;
     auto f = [&](int u) { return last * R - 1 - u; };
     affine::load(X, last == 0 ? dlocal(0) : dstate(last - 1), j0);
-    const int b = affine::chain<true>(
+    affine::chain<true>(
         X, last * R, [&](int u) { return M(f(u)); },
         [&](int u) { return part_of(f(u)) == 0 ? dlocal(seg_of(f(u))) : nullptr; }, none, j0);
-    affine::store(X, b, p.map_N + map * kD * kD, j0);
+    affine::store(X, p.map_N + map * kD * kD, j0);
   }
+}
+
+template <int kTiles>
+void launch_fold_tiles(const Params& p, Fold fold, cudaStream_t stream) {
+  constexpr void (*kKernels[])(Params) = {
+      fold_kernel<Fold::states, kTiles>, fold_kernel<Fold::grad_states, kTiles>,
+      fold_kernel<Fold::map_offset, kTiles>, fold_kernel<Fold::map_transfer, kTiles>,
+      fold_kernel<Fold::grad_offset, kTiles>};
+  const auto kernel = kKernels[static_cast<int>(fold)];
+  constexpr int smem = affine::kSmemBytes<kTiles>;
+  GDN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  kernel<<<dim3(p.HV, p.N, kD / (8 * kTiles)), affine::kThreads, smem, stream>>>(p);
+  GDN_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
 
 void launch_fold(const Params& p, Fold fold, cudaStream_t stream) {
-  constexpr void (*kKernels[])(Params) = {
-      fold_kernel<Fold::states>, fold_kernel<Fold::grad_states>, fold_kernel<Fold::map_offset>,
-      fold_kernel<Fold::map_transfer>, fold_kernel<Fold::grad_offset>};
-  const auto kernel = kKernels[static_cast<int>(fold)];
-  GDN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      affine::kSmemBytes));
-  kernel<<<dim3(p.HV, p.N, kD / affine::kSlice), affine::kThreads, affine::kSmemBytes, stream>>>(p);
-  GDN_CUDA_CHECK_LAUNCH();
+  if (p.fold_tiles == 4)
+    launch_fold_tiles<4>(p, fold, stream);
+  else if (p.fold_tiles == 2)
+    launch_fold_tiles<2>(p, fold, stream);
+  else
+    launch_fold_tiles<1>(p, fold, stream);
 }
 
 }  // namespace gdn::cuda

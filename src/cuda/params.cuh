@@ -35,8 +35,10 @@ struct Params {
   // into at most seg_count segments of seg_len chunks, the transfer summary of a segment into
   // seg_parts parts of part_len chunks (segments.h).
   // seg_group, round_group: the segments a block of a pass over whole segments, or of a round
-  // by slots, runs one after another (state_pass.cuh: walk).
-  int B, T, HK, HV, N, NC, seg_count, seg_len, seg_parts, part_len, seg_group, round_group;
+  // by slots, runs one after another (state_pass.cuh: walk). fold_tiles: the n8 tiles of a fold
+  // block's slice of the state (segments.h).
+  int B, T, HK, HV, N, NC, seg_count, seg_len, seg_parts, part_len, seg_group, round_group,
+      fold_tiles;
   float scale;
   bool l2norm;
   int beta_code;  // 0 f32, 1 bf16, 2 f16 (the dtype of beta; dbeta has the same code)

@@ -32,7 +32,11 @@ constexpr std::int64_t kMinSegment = 4;  // chunks
 // Microseconds a chunk step, in tenths: the forward summary, output and save passes, the
 // backward summary and state_backward; a fold step, and its part in each wave of fold blocks.
 constexpr std::int64_t kSummaryStep = 19, kOutputStep = 33, kSaveStep = 46;
-constexpr std::int64_t kGradSummaryStep = 26, kGradStep = 37, kFoldStep = 6, kFoldWave = 9;
+constexpr std::int64_t kGradSummaryStep = 26, kGradStep = 37, kFoldStep = 6;
+// A fold step's part in each wave of fold blocks of 1, 2 and 4 n8 tiles (fold_tiles), of the
+// state's 16.
+constexpr int kFoldTiles = 16;
+constexpr std::int64_t kFoldWave[] = {9, 11, 15};
 // A block's start and end (its state loaded and stored, its copies' prologue), per round of
 // blocks on a multiprocessor: fitted so that short segments do not pay for their extra blocks
 // (T = 4096 at 32 heads keeps 3 segments, T = 65536 at 2 heads 34 for inference).
@@ -68,6 +72,7 @@ SegmentPlan search(std::int64_t heads, std::int64_t longest, bool carried, bool 
   // Folds run: the states' (inference), and the gradients' (training), and under context
   // parallelism the rank map's two.
   const std::int64_t folds = carried ? 3 : training ? 2 : 1;
+  const int tiles = fold_tiles(heads, static_cast<int>(sms));
   const auto cost = [&](std::int64_t count, std::int64_t parts) {
     const std::int64_t seg = length(count);
     const std::int64_t part = ceil_div(seg, parts);
@@ -85,7 +90,8 @@ SegmentPlan search(std::int64_t heads, std::int64_t longest, bool carried, bool 
     time += kBlockStart * rounds;
     const std::int64_t fold_steps =
         count == 1 && !carried ? 0 : count + transfers(count) * (parts - 1);
-    return time + folds * (kFoldStep + kFoldWave * waves(kFoldSlices)) * fold_steps;
+    return time +
+           folds * (kFoldStep + kFoldWave[tiles / 2] * waves(kFoldTiles / tiles)) * fold_steps;
   };
   std::int64_t best_count = 1, best_parts = 1, best = cost(1, 1);
   const std::int64_t most = 4 * std::max<std::int64_t>(sms / heads, 1);
@@ -117,6 +123,12 @@ SegmentPlan plan_segments(std::int64_t heads, std::int64_t longest, bool carried
   if (plans.size() >= 4096) plans.clear();
   return plans[key] = search(std::max<std::int64_t>(heads, 1), longest, carried, training,
                              std::max(1, multiprocessors));
+}
+
+int fold_tiles(std::int64_t chains, int multiprocessors) {
+  for (int tiles = 4; tiles > 1; tiles /= 2)
+    if (4 * chains * (kFoldTiles / tiles) >= 3 * std::int64_t{multiprocessors}) return tiles;
+  return 1;
 }
 
 int segment_group(std::int64_t segments, std::int64_t value_heads, int multiprocessors) {

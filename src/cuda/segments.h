@@ -13,8 +13,11 @@
 
 namespace gdn::cuda {
 
-// Fold blocks a value head (fold.cu: an 8-column slice of the 128-column state each).
-constexpr int kFoldSlices = 16;
+// The n8 tiles of a fold block's slice of the 128-column state (fold.cu, affine.cuh): 4 (32
+// columns) where the blocks of `chains` (sequences x value heads) still fill three quarters of
+// the multiprocessors so, else 2, else 1 (8 columns: a few heads' chains spread over 16
+// multiprocessors each).
+int fold_tiles(std::int64_t chains, int multiprocessors);
 
 struct SegmentPlan {
   int count = 1, length = 1, parts = 1, part_length = 1;
