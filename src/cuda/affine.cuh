@@ -63,12 +63,26 @@ __device__ inline void put(Smem<kTiles>& s, int j, int k, float x) {
   s.xl[x_at(j, k)] = __uint_as_float(lo);
 }
 
-// The slice <- columns [j0, j0 + kSlice) of x (zeros when x is null).
+// The slice <- columns [j0, j0 + kSlice) of x (zeros when x is null). Every thread's 16-byte
+// loads are issued before any is used: one at a time, each waited for, they took a 32-column
+// block 16 us.
 template <int kTiles>
 __device__ inline void load(Smem<kTiles>& s, const float* x, int j0) {
-  constexpr int kSlice = Smem<kTiles>::kSlice;
-  for (int idx = threadIdx.x; idx < kD * kSlice; idx += kThreads)
-    put(s, idx % kSlice, idx / kSlice, x ? x[idx / kSlice * kD + j0 + idx % kSlice] : 0.0f);
+  constexpr int kQuads = Smem<kTiles>::kSlice / 4, kLoads = kD * kQuads / kThreads;
+  float4 v[kLoads];
+#pragma unroll
+  for (int i = 0; i < kLoads; ++i) {
+    const int q = threadIdx.x + i * kThreads, k = q / kQuads, j = 4 * (q % kQuads);
+    v[i] = x ? *reinterpret_cast<const float4*>(&x[k * kD + j0 + j]) : float4{0, 0, 0, 0};
+  }
+#pragma unroll
+  for (int i = 0; i < kLoads; ++i) {
+    const int q = threadIdx.x + i * kThreads, k = q / kQuads, j = 4 * (q % kQuads);
+    put(s, j, k, v[i].x);
+    put(s, j + 1, k, v[i].y);
+    put(s, j + 2, k, v[i].z);
+    put(s, j + 3, k, v[i].w);
+  }
 }
 
 // Issues (one commit group, no wait) the copies of M into buffer b. Warp w copies rows w + 8 i,
