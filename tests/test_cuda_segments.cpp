@@ -39,6 +39,18 @@ TEST(CudaSegments, MeasuredShapes) {
   expect_plan(256, 128, true, 1, 1);
 }
 
+// The folds' slice width: 32 columns where the blocks of the chains fill three quarters of an
+// H200's 132 SMs, 16 where twice as many blocks do, else 8.
+TEST(CudaSegments, FoldTiles) {
+  EXPECT_EQ(fold_tiles(32, 132), 4);  // 128 blocks
+  EXPECT_EQ(fold_tiles(25, 132), 4);  // 100 blocks
+  EXPECT_EQ(fold_tiles(24, 132), 2);  // 192 blocks of 16 columns
+  EXPECT_EQ(fold_tiles(13, 132), 2);
+  EXPECT_EQ(fold_tiles(12, 132), 1);  // 192 blocks of 8 columns
+  EXPECT_EQ(fold_tiles(2, 132), 1);
+  EXPECT_EQ(fold_tiles(4096, 132), 4);
+}
+
 // Every plan covers the longest sequence with no empty segment, and a segment by its parts (a
 // power of two, so that the folds shift and mask; none empty); transfers are split only where there
 // are some (3 segments or more) and not under context parallelism.

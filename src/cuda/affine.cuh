@@ -7,12 +7,13 @@
 // maps; both go through chain().
 //
 // A chain is serial only through X: every M and C is known before it starts. So M comes to
-// shared memory by cp.async two steps ahead and C to registers at the step's start, and a step
-// is a barrier, the products, a barrier (X is read whole before it is overwritten) and the
-// stores. The products are f32 to about 20 bits: TF32 mma (m16n8k8) in three terms,
-// a b = ah bh + ah bl + al bh with a = ah + al (split_tf32), leaving out al bl and the bits of al,
-// bl past TF32's (each under 2^-20 of a b). X is kept split (its two parts written once a step,
-// transposed), M swizzled so that a lane's fragments come in 16- or 8-byte reads.
+// shared memory by cp.async two steps ahead and C to registers a step ahead, and a step is one
+// barrier, the products and the stores (X in two buffers; at 32 columns in one, and a barrier
+// more between the products and the stores). The products are f32 to about 20 bits: TF32 mma
+// (m16n8k8) in three terms, a b = ah bh + ah bl + al bh with a = ah + al (split_tf32), leaving out
+// al bl and the bits of al, bl past TF32's (each under 2^-20 of a b). X is kept split (its two
+// parts written once a step, transposed), M swizzled so that a lane's fragments come in 16- or
+// 8-byte reads.
 //
 // A step takes about 1.6 us at HV=2 (ncu, 64 segments): the products alone 1.2 us (the copies
 // left out), the copies alone 0.5 us (64 KB a multiprocessor, 4.3 TB/s over 32). The products
@@ -46,26 +47,29 @@ __device__ inline int x_at(int j, int k) {
 template <int kTiles>  // n8 tiles: the slice's 8 kTiles columns
 struct Smem {
   static constexpr int kSlice = 8 * kTiles;
-  float m[3][kD * kD];    // 192 KiB  M of this step and of the next two (swizzled)
-  float xh[kSlice * kD];  // 4-16 KiB X^T's slice (x_at), TF32 part ...
-  float xl[kSlice * kD];  // 4-16 KiB ... and the rest (split_tf32)
+  // X before and after a step in two buffers where both fit beside M (8 and 16 columns); at 32
+  // columns in one, read whole before it is overwritten (a barrier more a step).
+  static constexpr int kBuffers = kTiles < 4 ? 2 : 1;
+  float m[3][kD * kD];              // 192 KiB  M of this step and of the next two (swizzled)
+  float xh[kBuffers][kSlice * kD];  // 8-32 KiB X^T's slice (x_at), TF32 part ...
+  float xl[kBuffers][kSlice * kD];  // 8-32 KiB ... and the rest (split_tf32)
 };
 template <int kTiles>
 constexpr int kSmemBytes = sizeof(Smem<kTiles>);
-static_assert(kSmemBytes<4> <= 227 * 1024, "a 32-column block fits in an SM's shared memory");
+static_assert(kSmemBytes<2> <= 227 * 1024 && kSmemBytes<4> <= 227 * 1024,
+              "a block fits in an SM's shared memory");
 
-// Column j of the slice, row k <- x (split in two parts).
+// Column j of slice buffer b, row k <- x (split in two parts).
 template <int kTiles>
-__device__ inline void put(Smem<kTiles>& s, int j, int k, float x) {
+__device__ inline void put(Smem<kTiles>& s, int b, int j, int k, float x) {
   std::uint32_t hi, lo;
   split_tf32(x, hi, lo);
-  s.xh[x_at(j, k)] = __uint_as_float(hi);
-  s.xl[x_at(j, k)] = __uint_as_float(lo);
+  s.xh[b][x_at(j, k)] = __uint_as_float(hi);
+  s.xl[b][x_at(j, k)] = __uint_as_float(lo);
 }
 
-// The slice <- columns [j0, j0 + kSlice) of x (zeros when x is null). Every thread's 16-byte
-// loads are issued before any is used: one at a time, each waited for, they took a 32-column
-// block 16 us.
+// Slice buffer 0 <- columns [j0, j0 + kSlice) of x (zeros when x is null), every 16-byte load
+// issued before any is used.
 template <int kTiles>
 __device__ inline void load(Smem<kTiles>& s, const float* x, int j0) {
   constexpr int kQuads = Smem<kTiles>::kSlice / 4, kLoads = kD * kQuads / kThreads;
@@ -78,10 +82,10 @@ __device__ inline void load(Smem<kTiles>& s, const float* x, int j0) {
 #pragma unroll
   for (int i = 0; i < kLoads; ++i) {
     const int q = threadIdx.x + i * kThreads, k = q / kQuads, j = 4 * (q % kQuads);
-    put(s, j, k, v[i].x);
-    put(s, j + 1, k, v[i].y);
-    put(s, j + 2, k, v[i].z);
-    put(s, j + 3, k, v[i].w);
+    put(s, 0, j, k, v[i].x);
+    put(s, 0, j + 1, k, v[i].y);
+    put(s, 0, j + 2, k, v[i].z);
+    put(s, 0, j + 3, k, v[i].w);
   }
 }
 
@@ -99,20 +103,30 @@ __device__ inline void prefetch(Smem<kTiles>& s, int b, const float* M) {
   cp_async_commit();
 }
 
-// The slice <- op(M) X + C, M in buffer bm, C (when not null) read from global memory at the
-// start, the result also written to out (when not null). C and out may be the same matrix: each
-// thread reads its elements of C before it writes them.
-template <bool kTranspose, int kTiles>
-__device__ inline void step(Smem<kTiles>& s, int bm, const float* C, float* out, int j0) {
-  const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
-  const int r0 = 16 * warp + 2 * g;  // fragment rows g and g + 8 are rows r0 and r0 + 1
-  float2 c[2][kTiles];               // C at rows r0 + h, columns 8 nt + 2 t, + 1 of the slice
-  if (C)
+// This thread's elements of C (rows r0 + h, columns 8 nt + 2 t, + 1 of the slice; r0 and t as
+// in step), read a step ahead of their use; zeros when C is null.
+template <int kTiles>
+struct Offset {
+  float2 v[2][kTiles];
+  __device__ void load(const float* C, int j0) {
+    const int r0 = threadIdx.x / 32 * 16 + threadIdx.x % 32 / 4 * 2, t = threadIdx.x % 4;
 #pragma unroll
     for (int h = 0; h < 2; ++h)
 #pragma unroll
       for (int nt = 0; nt < kTiles; ++nt)
-        c[h][nt] = *reinterpret_cast<const float2*>(&C[(r0 + h) * kD + j0 + 8 * nt + 2 * t]);
+        v[h][nt] = C ? *reinterpret_cast<const float2*>(&C[(r0 + h) * kD + j0 + 8 * nt + 2 * t])
+                     : make_float2(0.0f, 0.0f);
+  }
+};
+
+// Slice buffer b' <- op(M) X + C with X in slice buffer b (b' = b ^ 1, or b itself with one
+// buffer), M in buffer bm, C as loaded (when has_c), also written to out (when not null). C and
+// out may be the same matrix: each thread read its elements of C a step before.
+template <bool kTranspose, int kTiles>
+__device__ inline void step(Smem<kTiles>& s, int bm, int b, const Offset<kTiles>& c, bool has_c,
+                            float* out, int j0) {
+  const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+  const int r0 = 16 * warp + 2 * g;  // fragment rows g and g + 8 are rows r0 and r0 + 1
   const float* m = s.m[bm];
   Acc acc[kTiles][2][3] = {};  // [n8 tile][mma of the k-quad][term]: chains of 8 mma
 #pragma unroll
@@ -144,8 +158,8 @@ __device__ inline void step(Smem<kTiles>& s, int bm, const float* C, float* out,
     }
 #pragma unroll
     for (int nt = 0; nt < kTiles; ++nt) {
-      const float4 xh = *reinterpret_cast<const float4*>(&s.xh[x_at(8 * nt + g, k)]);
-      const float4 xl = *reinterpret_cast<const float4*>(&s.xl[x_at(8 * nt + g, k)]);
+      const float4 xh = *reinterpret_cast<const float4*>(&s.xh[b][x_at(8 * nt + g, k)]);
+      const float4 xl = *reinterpret_cast<const float4*>(&s.xl[b][x_at(8 * nt + g, k)]);
       const std::uint32_t bh[2][2] = {{__float_as_uint(xh.x), __float_as_uint(xh.y)},
                                       {__float_as_uint(xh.z), __float_as_uint(xh.w)}};
       const std::uint32_t bl[2][2] = {{__float_as_uint(xl.x), __float_as_uint(xl.y)},
@@ -158,7 +172,8 @@ __device__ inline void step(Smem<kTiles>& s, int bm, const float* C, float* out,
       }
     }
   }
-  __syncthreads();  // every warp has read X
+  if constexpr (Smem<kTiles>::kBuffers == 1) __syncthreads();  // every warp has read X
+  const int next = (b + 1) % Smem<kTiles>::kBuffers;
 #pragma unroll
   for (int nt = 0; nt < kTiles; ++nt)
 #pragma unroll
@@ -170,8 +185,8 @@ __device__ inline void step(Smem<kTiles>& s, int bm, const float* C, float* out,
         const int i = 2 * h + e;
         const auto& x = acc[nt];
         y[e] = (x[0][0][i] + x[1][0][i]) + ((x[0][1][i] + x[1][1][i]) + (x[0][2][i] + x[1][2][i]));
-        if (C) y[e] += e ? c[h][nt].y : c[h][nt].x;
-        put(s, 8 * nt + 2 * t + e, r, y[e]);
+        if (has_c) y[e] += e ? c.v[h][nt].y : c.v[h][nt].x;
+        put(s, next, 8 * nt + 2 * t + e, r, y[e]);
       }
       if (out)
         *reinterpret_cast<float2*>(&out[r * kD + j0 + 8 * nt + 2 * t]) = make_float2(y[0], y[1]);
@@ -179,30 +194,39 @@ __device__ inline void step(Smem<kTiles>& s, int bm, const float* C, float* out,
 }
 
 // count steps t = 0 .. count - 1 on the slice loaded before: X <- op(M(t)) X + C(t), each
-// result also written to out(t) (C and out may return null). M(t) is copied two steps ahead.
-template <bool kTranspose, int kTiles, typename Matrix, typename Offset, typename Out>
-__device__ inline void chain(Smem<kTiles>& s, int count, Matrix M, Offset C, Out out, int j0) {
+// result also written to out(t) (C and out may return null). Returns the slice buffer that then
+// holds X. M(t) is copied two steps ahead, C(t) read one step ahead.
+template <bool kTranspose, int kTiles, typename Matrix, typename Offsets, typename Out>
+__device__ inline int chain(Smem<kTiles>& s, int count, Matrix M, Offsets C, Out out, int j0) {
   if (count > 0) prefetch(s, 0, M(0));
   if (count > 1) prefetch(s, 1, M(1));
+  Offset<kTiles> c;
+  if (count > 0) c.load(C(0), j0);
+  int b = 0;
   for (int t = 0; t < count; ++t) {
     if (t + 1 < count)
       cp_async_wait<1>();
     else
       cp_async_wait<0>();
     __syncthreads();  // M(t) and X are in place; every thread is done with M(t - 1)'s buffer
-    step<kTranspose>(s, t % 3, C(t), out(t), j0);
+    Offset<kTiles> next;
+    if (t + 1 < count) next.load(C(t + 1), j0);
+    step<kTranspose>(s, t % 3, b, c, C(t) != nullptr, out(t), j0);
+    b = (b + 1) % Smem<kTiles>::kBuffers;
     if (t + 2 < count) prefetch(s, (t + 2) % 3, M(t + 2));
+    c = next;
   }
   __syncthreads();
+  return b;
 }
 
-// out <- the slice.
+// out <- slice buffer b.
 template <int kTiles>
-__device__ inline void store(const Smem<kTiles>& s, float* out, int j0) {
+__device__ inline void store(const Smem<kTiles>& s, int b, float* out, int j0) {
   constexpr int kSlice = Smem<kTiles>::kSlice;
   for (int idx = threadIdx.x; idx < kD * kSlice; idx += kThreads) {
     const int k = idx / kSlice, j = idx % kSlice;
-    out[k * kD + j0 + j] = s.xh[x_at(j, k)] + s.xl[x_at(j, k)];
+    out[k * kD + j0 + j] = s.xh[b][x_at(j, k)] + s.xl[b][x_at(j, k)];
   }
 }
 

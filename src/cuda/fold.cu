@@ -82,25 +82,25 @@ __global__ void __launch_bounds__(affine::kThreads) fold_kernel(Params p) {
   } else if constexpr (kFold == Fold::map_offset) {  // k = 1 .. last, f rising from R
     if (!leaves(p, n)) return;
     affine::load(X, last == 0 ? local(0) : state(1), j0);
-    affine::chain<false>(
+    const int b = affine::chain<false>(
         X, last * R, [&](int u) { return M(R + u); },
         [&](int u) { return part_of(u) == R - 1 ? local(1 + seg_of(u)) : nullptr; }, none, j0);
-    affine::store(X, p.map_N + map * kD * kD, j0);
+    affine::store(X, b, p.map_N + map * kD * kD, j0);
   } else if constexpr (kFold == Fold::map_transfer) {  // k = 0 .. last when n enters
     if (!leaves(p, n)) return;
     const bool carried = enters(p, n);
     affine::load(X, carried ? M(0) : nullptr, j0);
-    affine::chain<false>(
+    const int b = affine::chain<false>(
         X, carried ? (last + 1) * R - 1 : 0, [&](int u) { return M(1 + u); }, none, none, j0);
-    affine::store(X, p.map_M + map * kD * kD, j0);
+    affine::store(X, b, p.map_M + map * kD * kD, j0);
   } else {  // grad_offset: k = last - 1 .. 0, f falling from last R - 1
     if (!enters(p, n)) return;
     auto f = [&](int u) { return last * R - 1 - u; };
     affine::load(X, last == 0 ? dlocal(0) : dstate(last - 1), j0);
-    affine::chain<true>(
+    const int b = affine::chain<true>(
         X, last * R, [&](int u) { return M(f(u)); },
         [&](int u) { return part_of(f(u)) == 0 ? dlocal(seg_of(f(u))) : nullptr; }, none, j0);
-    affine::store(X, p.map_N + map * kD * kD, j0);
+    affine::store(X, b, p.map_N + map * kD * kD, j0);
   }
 }
 

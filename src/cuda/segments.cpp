@@ -32,11 +32,13 @@ constexpr std::int64_t kMinSegment = 4;  // chunks
 // Microseconds a chunk step, in tenths: the forward summary, output and save passes, the
 // backward summary and state_backward; a fold step, and its part in each wave of fold blocks.
 constexpr std::int64_t kSummaryStep = 19, kOutputStep = 33, kSaveStep = 46;
-constexpr std::int64_t kGradSummaryStep = 26, kGradStep = 37, kFoldStep = 6;
-// A fold step's part in each wave of fold blocks of 1, 2 and 4 n8 tiles (fold_tiles), of the
-// state's 16.
-constexpr int kFoldTiles = 16;
-constexpr std::int64_t kFoldWave[] = {9, 11, 15};
+constexpr std::int64_t kGradSummaryStep = 26, kGradStep = 37, kFoldStep = 6, kFoldWave = 9;
+// The fold's step is counted as it was for blocks of 8 columns (16 a value head), though with
+// many heads a block now takes 32 (fold_tiles): counted at its own cost (1.7 us a step, one
+// wave), the model would cut T = 4096 at 32 heads into 4 segments in 2 parts for inference,
+// measured no faster than 3 (0.181-0.186 against 0.183-0.187 ms; bench/RESULTS.md,
+// twenty-seventh session) and with more workspace.
+constexpr int kFoldBlocks = 16;
 // A block's start and end (its state loaded and stored, its copies' prologue), per round of
 // blocks on a multiprocessor: fitted so that short segments do not pay for their extra blocks
 // (T = 4096 at 32 heads keeps 3 segments, T = 65536 at 2 heads 34 for inference).
@@ -72,7 +74,6 @@ SegmentPlan search(std::int64_t heads, std::int64_t longest, bool carried, bool 
   // Folds run: the states' (inference), and the gradients' (training), and under context
   // parallelism the rank map's two.
   const std::int64_t folds = carried ? 3 : training ? 2 : 1;
-  const int tiles = fold_tiles(heads, static_cast<int>(sms));
   const auto cost = [&](std::int64_t count, std::int64_t parts) {
     const std::int64_t seg = length(count);
     const std::int64_t part = ceil_div(seg, parts);
@@ -90,8 +91,7 @@ SegmentPlan search(std::int64_t heads, std::int64_t longest, bool carried, bool 
     time += kBlockStart * rounds;
     const std::int64_t fold_steps =
         count == 1 && !carried ? 0 : count + transfers(count) * (parts - 1);
-    return time +
-           folds * (kFoldStep + kFoldWave[tiles / 2] * waves(kFoldTiles / tiles)) * fold_steps;
+    return time + folds * (kFoldStep + kFoldWave * waves(kFoldBlocks)) * fold_steps;
   };
   std::int64_t best_count = 1, best_parts = 1, best = cost(1, 1);
   const std::int64_t most = 4 * std::max<std::int64_t>(sms / heads, 1);
@@ -127,7 +127,7 @@ SegmentPlan plan_segments(std::int64_t heads, std::int64_t longest, bool carried
 
 int fold_tiles(std::int64_t chains, int multiprocessors) {
   for (int tiles = 4; tiles > 1; tiles /= 2)
-    if (4 * chains * (kFoldTiles / tiles) >= 3 * std::int64_t{multiprocessors}) return tiles;
+    if (4 * chains * (kFoldBlocks / tiles) >= 3 * std::int64_t{multiprocessors}) return tiles;
   return 1;
 }
 
