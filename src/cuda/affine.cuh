@@ -22,7 +22,8 @@
 // takes 512-byte copies one at a time), a cluster of 8 one-warp blocks sharing X by distributed
 // shared memory (2 us). Eight columns a block spread the chain of a few value heads over 16
 // multiprocessors a head; with many heads, 32 columns a block run the folds in one wave of blocks
-// instead of four (segments.h: fold_tiles).
+// instead of four (segments.h: fold_tiles): at 32 heads, 54 -> 35 us a fold of 8 steps (T=65536),
+// 20 -> 12 us one of a step (T=4096).
 #include "cuda/mma.cuh"
 
 namespace gdn::cuda::affine {
