@@ -52,8 +52,8 @@ struct Smem {
   // columns in one, read whole before it is overwritten (a barrier more a step).
   static constexpr int kBuffers = kTiles < 4 ? 2 : 1;
   float m[3][kD * kD];              // 192 KiB  M of this step and of the next two (swizzled)
-  float xh[kBuffers][kSlice * kD];  // 8-32 KiB X^T's slice (x_at), TF32 part ...
-  float xl[kBuffers][kSlice * kD];  // 8-32 KiB ... and the rest (split_tf32)
+  float xh[kBuffers][kSlice * kD];  // 8-16 KiB X^T's slice (x_at), TF32 part ...
+  float xl[kBuffers][kSlice * kD];  // 8-16 KiB ... and the rest (split_tf32)
 };
 template <int kTiles>
 constexpr int kSmemBytes = sizeof(Smem<kTiles>);
@@ -69,24 +69,21 @@ __device__ inline void put(Smem<kTiles>& s, int b, int j, int k, float x) {
   s.xl[b][x_at(j, k)] = __uint_as_float(lo);
 }
 
-// Slice buffer 0 <- columns [j0, j0 + kSlice) of x (zeros when x is null), every 16-byte load
-// issued before any is used.
+// Slice buffer 0 <- columns [j0, j0 + kSlice) of x (zeros when x is null), every load issued
+// before any is used (x may be a caller's state: 4-byte loads assume no more alignment).
 template <int kTiles>
 __device__ inline void load(Smem<kTiles>& s, const float* x, int j0) {
-  constexpr int kQuads = Smem<kTiles>::kSlice / 4, kLoads = kD * kQuads / kThreads;
-  float4 v[kLoads];
+  constexpr int kSlice = Smem<kTiles>::kSlice, kLoads = kD * kSlice / kThreads;
+  float v[kLoads];
 #pragma unroll
   for (int i = 0; i < kLoads; ++i) {
-    const int q = threadIdx.x + i * kThreads, k = q / kQuads, j = 4 * (q % kQuads);
-    v[i] = x ? *reinterpret_cast<const float4*>(&x[k * kD + j0 + j]) : float4{0, 0, 0, 0};
+    const int idx = threadIdx.x + i * kThreads;
+    v[i] = x ? x[idx / kSlice * kD + j0 + idx % kSlice] : 0.0f;
   }
 #pragma unroll
   for (int i = 0; i < kLoads; ++i) {
-    const int q = threadIdx.x + i * kThreads, k = q / kQuads, j = 4 * (q % kQuads);
-    put(s, 0, j, k, v[i].x);
-    put(s, 0, j + 1, k, v[i].y);
-    put(s, 0, j + 2, k, v[i].z);
-    put(s, 0, j + 3, k, v[i].w);
+    const int idx = threadIdx.x + i * kThreads;
+    put(s, 0, idx % kSlice, idx / kSlice, v[i]);
   }
 }
 
@@ -211,7 +208,7 @@ __device__ inline int chain(Smem<kTiles>& s, int count, Matrix M, Offsets C, Out
       cp_async_wait<0>();
     __syncthreads();  // M(t) and X are in place; every thread is done with M(t - 1)'s buffer
     Offset<kTiles> next;
-    if (t + 1 < count) next.load(C(t + 1), j0);
+    next.load(t + 1 < count ? C(t + 1) : nullptr, j0);
     step<kTranspose>(s, t % 3, b, c, C(t) != nullptr, out(t), j0);
     b = (b + 1) % Smem<kTiles>::kBuffers;
     if (t + 2 < count) prefetch(s, (t + 2) % 3, M(t + 2));

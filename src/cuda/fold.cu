@@ -1,11 +1,10 @@
 // The serial composition of the segment summaries (spec 4; state_pass.cuh), one block per
 // (value head, sequence, slice of 8, 16 or 32 columns of the state: segments.h fold_tiles), with
-// affine.cuh's steps. Segment k of sequence
-// n is z = z0 + k (z0 = n seg_count); last is its final segment. Forward, the state entering
-// segment k + 1 is S(k + 1) = M_k S(k) + N_k; backward, the gradient leaving segment k - 1 is
-// dS(k - 1) = M_k^T dS(k) + D_k, each M_k in seg_parts factors (segments.h), a step each. The
-// summary passes store N_0 (from h0) in seg_state[z0 + 1]
-// and, for a last segment summarized, D_last (from dS_T) in seg_dstate[z0 + last - 1].
+// affine.cuh's steps. Segment k of sequence n is z = z0 + k (z0 = n seg_count); last is its final
+// segment. Forward, the state entering segment k + 1 is S(k + 1) = M_k S(k) + N_k; backward, the
+// gradient leaving segment k - 1 is dS(k - 1) = M_k^T dS(k) + D_k, each M_k in seg_parts factors
+// (segments.h), a step each. The summary passes store N_0 (from h0) in seg_state[z0 + 1] and, for
+// a last segment summarized, D_last (from dS_T) in seg_dstate[z0 + last - 1].
 //
 //   states:       seg_state[z0 + k + 1] for k < last, from seg_state[z0 + 1]; when n enters with
 //                 a carried state (in its h0 row), from h0 with the step k = 0 first.
