@@ -101,30 +101,37 @@ __device__ inline void prefetch(Smem<kTiles>& s, int b, const float* M) {
   cp_async_commit();
 }
 
-// This thread's elements of C (rows r0 + h, columns 8 nt + 2 t, + 1 of the slice; r0 and t as
-// in step), read a step ahead of their use; zeros when C is null.
+// The first of the two rows of op(M) X this lane holds: 16 warp + 2 g (g = lane / 4; its
+// fragment rows g and g + 8 are rows r0 and r0 + 1).
+__device__ inline int lane_row0() {
+  return threadIdx.x / 32 * 16 + threadIdx.x % 32 / 4 * 2;
+}
+
+// This thread's elements of C (rows lane_row0() + h, columns 8 nt + 2 t, + 1 of the slice, t =
+// lane % 4), read a step ahead of their use; `given` false when C is null.
 template <int kTiles>
 struct Offset {
   float2 v[2][kTiles];
+  bool given;
   __device__ void load(const float* C, int j0) {
-    const int r0 = threadIdx.x / 32 * 16 + threadIdx.x % 32 / 4 * 2, t = threadIdx.x % 4;
+    const int r0 = lane_row0(), t = threadIdx.x % 4;
+    given = C != nullptr;
+    if (given)
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
+      for (int h = 0; h < 2; ++h)
 #pragma unroll
-      for (int nt = 0; nt < kTiles; ++nt)
-        v[h][nt] = C ? *reinterpret_cast<const float2*>(&C[(r0 + h) * kD + j0 + 8 * nt + 2 * t])
-                     : make_float2(0.0f, 0.0f);
+        for (int nt = 0; nt < kTiles; ++nt)
+          v[h][nt] = *reinterpret_cast<const float2*>(&C[(r0 + h) * kD + j0 + 8 * nt + 2 * t]);
   }
 };
 
 // Slice buffer b' <- op(M) X + C with X in slice buffer b (b' = b ^ 1, or b itself with one
-// buffer), M in buffer bm, C as loaded (when has_c), also written to out (when not null). C and
+// buffer), M in buffer bm, C as loaded (when given), also written to out (when not null). C and
 // out may be the same matrix: each thread read its elements of C a step before.
 template <bool kTranspose, int kTiles>
-__device__ inline void step(Smem<kTiles>& s, int bm, int b, const Offset<kTiles>& c, bool has_c,
-                            float* out, int j0) {
-  const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
-  const int r0 = 16 * warp + 2 * g;  // fragment rows g and g + 8 are rows r0 and r0 + 1
+__device__ inline void step(Smem<kTiles>& s, int bm, int b, const Offset<kTiles>& c, float* out,
+                            int j0) {
+  const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4, r0 = lane_row0();
   const float* m = s.m[bm];
   Acc acc[kTiles][2][3] = {};  // [n8 tile][mma of the k-quad][term]: chains of 8 mma
 #pragma unroll
@@ -183,7 +190,7 @@ __device__ inline void step(Smem<kTiles>& s, int bm, int b, const Offset<kTiles>
         const int i = 2 * h + e;
         const auto& x = acc[nt];
         y[e] = (x[0][0][i] + x[1][0][i]) + ((x[0][1][i] + x[1][1][i]) + (x[0][2][i] + x[1][2][i]));
-        if (has_c) y[e] += e ? c.v[h][nt].y : c.v[h][nt].x;
+        if (c.given) y[e] += e ? c.v[h][nt].y : c.v[h][nt].x;
         put(s, next, 8 * nt + 2 * t + e, r, y[e]);
       }
       if (out)
@@ -209,7 +216,7 @@ __device__ inline int chain(Smem<kTiles>& s, int count, Matrix M, Offsets C, Out
     __syncthreads();  // M(t) and X are in place; every thread is done with M(t - 1)'s buffer
     Offset<kTiles> next;
     next.load(t + 1 < count ? C(t + 1) : nullptr, j0);
-    step<kTranspose>(s, t % 3, b, c, C(t) != nullptr, out(t), j0);
+    step<kTranspose>(s, t % 3, b, c, out(t), j0);
     b = (b + 1) % Smem<kTiles>::kBuffers;
     if (t + 2 < count) prefetch(s, (t + 2) % 3, M(t + 2));
     c = next;
