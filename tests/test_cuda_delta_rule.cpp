@@ -252,8 +252,7 @@ void check_backward_paths(const Problem& p, int copies) {
 // 142, 2 and 141 chunks, in 4 rounds of 36 chunks, so that a sequence has no chunks in the later
 // rounds, one ends inside a round, and a round's places start at a different chunk for each
 // sequence. The training path with the offsets on the host (the forward keeps the states
-// entering the rounds and h, Vn of the last round's chunks, the backward recomputes the other
-// rounds' h and Vn from those states); a backward
+// entering the rounds, the backward recomputes h and Vn round by round from them); a backward
 // reading an inference forward's workspace (it runs the states pass itself); and the backward
 // recomputing everything with the offsets on the device only (the chunk count an upper bound: 7
 // rounds of 41, the last three empty).

@@ -158,10 +158,8 @@ __global__ void chunk_table_kernel(Params p) {
   }
   const int total = p.chunk_begin[p.N];
   const int segments = p.N * p.seg_count;
-  // The backward rounds' tables (params.cuh): where each round's chunks go. A training forward
-  // that keeps the last round's h and Vn needs round_first too (by segment).
-  if (p.round_first && !p.round_by_slots) {
-    for (int r = 0; r < p.rounds; ++r) {  // a block-wide sum
+  if (p.round_chunks) {  // the backward rounds' tables (params.cuh): where each round's chunks go
+    for (int r = 0; r < p.rounds && !p.round_by_slots; ++r) {  // by segment: a block-wide sum
       int places_so_far = 0;
       for (int base = 0; base < segments; base += blockDim.x) {
         const int z = base + threadIdx.x;
@@ -174,8 +172,6 @@ __global__ void chunk_table_kernel(Params p) {
         places_so_far += tile_total;
       }
     }
-  }
-  if (p.round_chunks) {
     const long long places = static_cast<long long>(p.rounds) * p.round_slots;
     for (long long i = threadIdx.x; i < places; i += blockDim.x)
       p.round_chunks[i] = RoundChunk{0, ChunkInfo{0, 0, 0, 0, 0}};

@@ -143,8 +143,7 @@ struct Carver {
 };
 
 // Whether the backward recomputes h and Vn, round by round: unless its forward saved them, which
-// a training forward does when the backward runs in one round (in several, it keeps the last
-// round's, and the backward recomputes the others).
+// a training forward does when the backward runs in one round.
 bool recomputes(bool saved, int rounds) {
   return !saved || rounds > 1;
 }
@@ -185,9 +184,8 @@ cuda::WorkspaceHeader header_of(const DeltaRuleInputs& in, const cuda::Params& p
 // Fills the params' shapes, inputs and workspace pointers; returns the bytes used in
 // `workspace`. The forward's part comes first: its header, its chunk table and its
 // intermediates (with `saved`, the per-chunk states and Vn too, or with several backward rounds
-// the states entering the rounds and the last round's states and Vn); a backward given the
-// forward's workspace (forward_workspace) takes them from there and only its own buffers from
-// `workspace`
+// the states entering the rounds); a backward given the forward's
+// workspace (forward_workspace) takes them from there and only its own buffers from `workspace`
 // (the kernels that write them are then not launched), its own chunk table first, which the
 // check of the forward's header builds.
 std::size_t plan(const DeltaRuleInputs& in, const DeltaRuleShape& s, ChunkCount chunks,
@@ -266,11 +264,8 @@ std::size_t plan(const DeltaRuleInputs& in, const DeltaRuleShape& s, ChunkCount 
   if (saved && rounds.count == 1) {
     p.h = c.take<bf16>(slots * kD * kD);
     p.vn = c.take<bf16>(slots * kC * kD);
-  } else if (saved) {  // the states entering the rounds, h and Vn of the last round's chunks
+  } else if (saved) {
     p.round_state = c.take<float>(at_boundaries);
-    p.kept_h = c.take<bf16>(rounds.slots * s.HV * kD * kD);
-    p.kept_vn = c.take<bf16>(rounds.slots * s.HV * kC * kD);
-    if (!rounds.by_slots) p.round_first = c.take<int>(rounds.count * segments);
   }
   if (!reuse) p.header_out = header;
   if (!backward) return c.used;
@@ -414,8 +409,7 @@ void summarize_forward(const Call& c) {
   if (has_summaries(c.p)) cuda::launch_state_forward<In, cuda::Pass::summary>(c.p, c.stream);
 }
 
-// A training forward in several rounds runs the output pass, which keeps the states entering
-// the rounds and h and Vn of the last round's chunks.
+// A training forward in several rounds runs the output pass, which keeps the rounds' states.
 template <typename In>
 void finish_forward(const Call& c, bool save) {
   if (has_summaries(c.p)) cuda::launch_fold(c.p, cuda::Fold::states, c.stream);
@@ -444,14 +438,8 @@ void finish_backward(const Call& c) {
   if (has_summaries(c.p)) cuda::launch_fold(c.p, cuda::Fold::grad_states, c.stream);
   cuda::Params round = c.p;
   for (round.round = c.p.rounds - 1; round.round >= 0; --round.round) {  // the last first
-    if (c.saved && round.round == c.p.rounds - 1 && c.p.rounds > 1) {    // kept by the forward
-      round.h = c.p.kept_h;
-      round.vn = c.p.kept_vn;
-    } else if (recomputes(c.saved, c.p.rounds)) {  // h, Vn
-      round.h = c.p.h;
-      round.vn = c.p.vn;
+    if (recomputes(c.saved, c.p.rounds))                                 // h, Vn
       cuda::launch_state_forward<In, cuda::Pass::recompute>(round, c.stream);
-    }
     cuda::launch_state_backward<In, false>(round, c.stream);
     cuda::launch_grad_chunk<In>(round, c.stream);
   }

@@ -77,11 +77,6 @@ struct Params {
   // forward's at the chunk's slot (one round), or a backward round's at the chunk's place.
   bf16* h;   // [NC or round_slots, HV, V, K]
   bf16* vn;  // [NC or round_slots, HV, 64, V]
-  // With several rounds a training forward keeps h and Vn of the last round's chunks (the
-  // backward's first), at their places in the round, so that the backward recomputes one round
-  // fewer (kept_place).
-  bf16* kept_h;   // [round_slots, HV, V, K]
-  bf16* kept_vn;  // [round_slots, HV, 64, V]
 
   // Segment summaries (seg_count > 1), each [N * seg_count, HV, K, K or V] f32, segment k of
   // sequence n at n * seg_count + k; the transfers [N * seg_count, seg_parts, HV, K, K].
@@ -187,15 +182,6 @@ __device__ inline bool round_starts(const Params& p, int cid, int local) {
 __device__ inline int boundary(const Params& p, int cid, int local, int z) {
   return p.round_by_slots ? cid / p.round_len - 1
                           : (local / p.round_len - 1) * p.N * p.seg_count + z;
-}
-// The place of slot cid, chunk `local` of segment z, in the last round's kept_h and kept_vn, or
-// -1 when the chunk runs in an earlier round.
-__device__ inline int kept_place(const Params& p, int cid, int local, int z) {
-  const int first = (p.rounds - 1) * p.round_len;  // the last round's first slot or chunk
-  if (p.round_by_slots) return cid >= first ? cid - first : -1;
-  if (local < first) return -1;
-  return p.round_first[static_cast<long long>(p.rounds - 1) * p.N * p.seg_count + z] + local -
-         first;
 }
 
 // Whether sequence n enters with a carried state, or leaves one, and its chain.

@@ -10,15 +10,13 @@
 // With several backward rounds Pass::output of a training forward, and Pass::states of a
 // backward whose forward did not save, keep the f32 state entering each round but the first
 // (round_state), from which Pass::recompute starts the round: the same state in registers, so
-// the same h and Vn as a pass over the whole segment; that Pass::output also keeps h and Vn of
-// the last round's chunks (kept_h, kept_vn), which the backward runs first without a recompute.
-// Pass::summary runs the segments of state_pass::has_offset / has_transfer and stores only their
-// end state: in blocks with blockIdx.z = 0, from h0 for k = 0 (that is the state entering segment
-// 1, unless k = 0 is also the last) and from zero for k >= 1 (N_k, in seg_local); in blocks with
-// blockIdx.z = 1 + j part j of the transfer matrix M_k (started from the identity with V = 0,
-// column i of M being the image of e_i), over the part's chunks only (segments.h). The offsets come
-// first in the grid, so that they start first and the shorter parts fill in around them. fold.cu
-// composes them.
+// the same h and Vn as a pass over the whole segment. Pass::summary runs
+// the segments of state_pass::has_offset / has_transfer and stores only their end state: in
+// blocks with blockIdx.z = 0, from h0 for k = 0 (that is the state entering segment 1, unless k = 0
+// is also the last) and from zero for k >= 1 (N_k, in seg_local); in blocks with blockIdx.z = 1 + j
+// part j of the transfer matrix M_k (started from the identity with V = 0, column i of M being the
+// image of e_i), over the part's chunks only (segments.h). The offsets come first in the grid, so
+// that they start first and the shorter parts fill in around them. fold.cu composes them.
 #include "cuda/check.h"
 #include "cuda/kernels.h"
 #include "cuda/state_pass.cuh"
@@ -125,22 +123,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
           store_state(boundary_matrix(p.round_state, p, boundary(p, cid, local, z), hv), vw, S);
       wait_tiles(pipe, i);
       const Tiles t = tiles(smem, i % kStages);
-      // Where h and Vn go: every chunk's (save, recompute), or the last round's (a training
-      // forward in several rounds keeps them for the backward), else nowhere.
-      bf16* h_out = nullptr;
-      bf16* vn_out = nullptr;
-      if constexpr (kStates) {
-        const long long s = slot(p, w.place + i, hv);
-        h_out = p.h + s * kD * kD;
-        vn_out = p.vn + s * kC * kD;
-      } else if (kPass == Pass::output && p.kept_h) {
-        const int place = kept_place(p, cid, local, z);
-        if (place >= 0) {
-          const long long s = slot(p, place, hv);
-          h_out = p.kept_h + s * kD * kD;
-          vn_out = p.kept_vn + s * kC * kD;
-        }
-      }
+      [[maybe_unused]] const long long s = slot(p, w.place + i, hv);
 
       // (K S)^T and (Q S)^T = S^T K^T, S^T Q^T: B = K^T, Q^T, that is K, Q as K-major tiles.
       Acc ks[8];
@@ -158,7 +141,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
         wgmma_commit();
       }
       prefetch_chunk(i + kStages - 1);
-      if (h_out) store_state_t(h_out, vw, sa, staging);
+      if constexpr (kStates) store_state_t(p.h + s * kD * kD, vw, sa, staging);
       wgmma_wait<kOutput ? 1 : 0>();
       fence_acc(ks);
 
@@ -227,7 +210,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
         wgmma_nk(qs, vl, t.pm, true);
         wgmma_commit();
       }
-      if (vn_out) store_tokens<bf16>(vn, staging, vn_out + vw, kD, kC);
+      if constexpr (kStates) store_tokens<bf16>(vn, staging, p.vn + s * kC * kD + vw, kD, kC);
       wgmma_wait<kOutput ? 1 : 0>();
       fence_acc(S);
       state_to_a(sa, S);
