@@ -5,7 +5,8 @@
 //
 // Each problem runs three times on fresh buffers: runs 0 and 1 with the workspaces filled with
 // the same bytes (determinism), run 2 with other (finite) bytes in them, which catches a kernel
-// that reads workspace memory that no kernel of the call wrote.
+// that reads workspace memory that no kernel of the call wrote. A backward that reads the
+// forward's workspace must leave it as it was (gdn/cuda.h).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -44,6 +45,13 @@ struct Workspace {
   Workspace& operator=(const Workspace&) = delete;
   ~Workspace() { cudaFree(data); }
 };
+
+// A device buffer's bytes, in host memory (a synchronous copy).
+std::vector<unsigned char> download_bytes(const void* data, std::size_t bytes) {
+  std::vector<unsigned char> host(bytes);
+  GDN_CUDA_CHECK(cudaMemcpy(host.data(), data, bytes, cudaMemcpyDeviceToHost));
+  return host;
+}
 
 enum class Mode { recompute, reuse, saved };
 
@@ -86,10 +94,17 @@ Bytes run_once(ProblemData& data, Mode mode, bool host_offsets, int fill) {
     ctx.forward_workspace = forward.data;
     ctx.forward_workspace_bytes = forward_bytes;
   }
+  // gdn/cuda.h: a backward reads forward_workspace and never writes there.
+  std::vector<unsigned char> forward_before;
+  if (reuse) forward_before = download_bytes(forward.data, forward_bytes);
   delta_rule_backward_cuda(
       in, {d_o.ref, dht.ref, dq.ref, dk.ref, dv.ref, dg.ref, dbeta.ref, dh0.ref}, ctx);
   GDN_CUDA_CHECK(cudaDeviceSynchronize());
   cuda_check_deferred_errors();  // the header check passed
+  if (reuse) {
+    EXPECT_TRUE(download_bytes(forward.data, forward_bytes) == forward_before)
+        << mode_name(mode) << ": the backward changed forward_workspace";
+  }
 
   Bytes out;
   out.names = {"o", "final_state", "dq", "dk", "dv", "dg", "dbeta"};
