@@ -12,7 +12,7 @@ constexpr long long kMatrix = kD * kD;
 __global__ void __launch_bounds__(affine::kThreads)
     affine_kernel(const float* M, const float* X, const float* C, float* Y) {
   const long long i = blockIdx.x;
-  const int j0 = blockIdx.y * 8;
+  const int j0 = blockIdx.y * affine::Smem<1>::kSlice;
   extern __shared__ __align__(16) unsigned char smem[];
   auto& slice = *reinterpret_cast<affine::Smem<1>*>(smem);
   affine::load(slice, X + i * kMatrix, j0);
@@ -41,7 +41,8 @@ void launch_affine(int count, const float* M, const float* X, const float* C, fl
   constexpr int smem = affine::kSmemBytes<1>;
   GDN_CUDA_CHECK(
       cudaFuncSetAttribute(affine_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  affine_kernel<<<dim3(count, kD / 8), affine::kThreads, smem, stream>>>(M, X, C, Y);
+  affine_kernel<<<dim3(count, kD / affine::Smem<1>::kSlice), affine::kThreads, smem, stream>>>(
+      M, X, C, Y);
   GDN_CUDA_CHECK_LAUNCH();
 }
 

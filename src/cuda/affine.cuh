@@ -51,6 +51,8 @@ struct Smem {
   // X before and after a step in two buffers where both fit beside M (8 and 16 columns); at 32
   // columns in one, read whole before it is overwritten (a barrier more a step).
   static constexpr int kBuffers = kTiles < 4 ? 2 : 1;
+  // The buffer a step writes after reading buffer b.
+  static __device__ int after(int b) { return (b + 1) % kBuffers; }
   float m[3][kD * kD];              // 192 KiB  M of this step and of the next two (swizzled)
   float xh[kBuffers][kSlice * kD];  // 8-16 KiB X^T's slice (x_at), TF32 part ...
   float xl[kBuffers][kSlice * kD];  // 8-16 KiB ... and the rest (split_tf32)
@@ -178,7 +180,7 @@ __device__ inline void step(Smem<kTiles>& s, int bm, int b, const Offset<kTiles>
     }
   }
   if constexpr (Smem<kTiles>::kBuffers == 1) __syncthreads();  // every warp has read X
-  const int next = (b + 1) % Smem<kTiles>::kBuffers;
+  const int next = Smem<kTiles>::after(b);
 #pragma unroll
   for (int nt = 0; nt < kTiles; ++nt)
 #pragma unroll
@@ -217,7 +219,7 @@ __device__ inline int chain(Smem<kTiles>& s, int count, Matrix M, Offsets C, Out
     Offset<kTiles> next;
     next.load(t + 1 < count ? C(t + 1) : nullptr, j0);
     step<kTranspose>(s, t % 3, b, c, out(t), j0);
-    b = (b + 1) % Smem<kTiles>::kBuffers;
+    b = Smem<kTiles>::after(b);
     if (t + 2 < count) prefetch(s, (t + 2) % 3, M(t + 2));
     c = next;
   }
