@@ -13,16 +13,23 @@ operands (round to nearest even) and multiplies in f32, so its errors land where
             come (bf16) in the products and their l2norm factors applied in f32
   wy        Vn = u - W S,  u = bf16(A diag(beta) V), W = bf16(A diag(beta e) K)
   wy-fla    as wy, with beta V and beta e K rounded to bf16 before A (FLA's recompute_w_u)
+  wy-u32    unit-rows' inputs, Vn = U - bf16(W) S with U = bf16(A diag(beta)) V kept in f32 and
+            W = bf16(A diag(beta e)) K: A's columns scaled and rounded once, as A is
+  wy-w2     wy-u32 with W carried in two bf16 parts
+  wy-a      unit-rows' A and inputs, Vn = A diag(beta) V - bf16(A diag(beta e) K) S: the state
+            passes' form with W made from A in the pass, rounded once (U, the V term, exact)
 and `ours` cut into segments joined by f32 affine summaries (fold.cu). A is bf16((I + L)^-1)
 computed in float64 for every form, P = bf16(scale Q K^T * decay).
 
-  python3 bench/rounding.py [T] [segments]     (numpy; T=65536 takes about a minute)
+  python3 bench/rounding.py [T] [segments] [form,form,...]   (numpy; T=65536 takes about a minute)
 """
 import sys
 
 import numpy as np
 
 C, D = 64, 128
+FORMS = ("bf16-x", "ours", "split-vs", "wy", "wy-fla", "wy-u32", "wy-w2", "wy-a")
+UNIT_ROWS = ("unit-rows", "wy-u32", "wy-w2", "wy-a")
 SCALE = 1 / np.sqrt(D)
 
 
@@ -57,7 +64,8 @@ class Chunk:
         self.q, self.k, self.v, self.beta = qn, kn, v.astype(dt), beta.astype(dt)
         self.e, self.f, self.gamma = np.exp(G), np.exp(G[-1] - G), np.exp(G[-1])
         L = np.tril(self.beta[:, None] * (kn @ kn.T) * decay, -1)
-        self.A = np.linalg.inv(np.eye(C) + L.astype(np.float64)).astype(dt)
+        self.A64 = np.linalg.inv(np.eye(C) + L.astype(np.float64))
+        self.A = self.A64.astype(dt)
         self.P = SCALE * (qn @ kn.T) * decay
         if low:
             self.A, self.P = bf16(self.A), bf16(self.P)
@@ -67,7 +75,7 @@ def chunks(p, form, low):
     """The chunks of p, from q, k over their l2 norms (spec 1), rounded to bf16 when low unless
     form is unit-rows."""
     dt = np.float32 if low else np.float64
-    r = bf16 if low and form != "unit-rows" else identity
+    r = bf16 if low and form not in UNIT_ROWS else identity
     qn, kn = (r(x / np.sqrt((x * x).sum(1, keepdims=True) + 1e-6))
               for x in (p["q"].astype(dt), p["k"].astype(dt)))
     return [Chunk(qn[a:a + C], kn[a:a + C], p["v"][a:a + C], p["g"][a:a + C],
@@ -83,10 +91,18 @@ def step(S, ch, form, low, v=None):
     if form in ("bf16-x", "ours", "split-vs"):
         X = b * (V - e * (ch.k @ Sb))
         Vn = ch.A @ (r(X) if form == "bf16-x" else X)
+    elif form == "wy-a":
+        # ours with diag(beta e) K S taken apart: W = A diag(beta e) K rounded once; U exact.
+        Vn = ch.A @ (b * V) - r(ch.A @ (b * e * ch.k)) @ Sb
+    elif form in ("wy-u32", "wy-w2"):
+        # A's columns scaled in chunk_prep and rounded once, as A is now; U stays f32.
+        U = r(ch.A64 * ch.beta[None, :]) @ V
+        W = r(ch.A64 * (ch.beta * ch.e)[None, :]) @ ch.k
+        Vn = U - (r(W) if form == "wy-u32" else W) @ Sb
     else:
         pre = r if form == "wy-fla" else exact
         Vn = r(ch.A @ pre(b * V)) - r(ch.A @ pre(b * e * ch.k)) @ Sb
-    O = (SCALE * e) * (ch.q @ Sb) + ch.P @ (exact if form in ("ours", "split-vs") else r)(Vn)
+    O = (SCALE * e) * (ch.q @ Sb) + ch.P @ (r if form in ("bf16-x", "wy", "wy-fla") else exact)(Vn)
     return ch.gamma * S + ch.k.T @ (exact if form == "split-vs" else r)(ch.f[:, None] * Vn), O
 
 
@@ -96,6 +112,7 @@ def forward(p, form="ours", segments=1, low=True):
     r = bf16 if low else identity
     all_chunks = chunks(p, form, low)
     form = "ours" if form == "unit-rows" else form
+    assert form in FORMS, form
     per = -(-len(all_chunks) // segments)
     parts = [all_chunks[s * per:(s + 1) * per] for s in range(segments)]
     # The state entering each segment: segment 0 from h0, then S_k+1 = M_k S_k + N_k with the
@@ -149,8 +166,9 @@ def rel(x, y):
 if __name__ == "__main__":
     T = int(sys.argv[1]) if len(sys.argv) > 1 else 4096
     segments = int(sys.argv[2]) if len(sys.argv) > 2 else 34
-    forms = [("bf16-x", 1), ("ours", 1), ("split-vs", 1), ("unit-rows", 1), ("wy", 1),
-             ("wy-fla", 1), ("ours", segments)]
+    forms = [(f, 1) for f in sys.argv[3].split(",")] if len(sys.argv) > 3 else [
+        ("bf16-x", 1), ("ours", 1), ("split-vs", 1), ("unit-rows", 1), ("wy", 1), ("wy-fla", 1),
+        ("wy-u32", 1), ("wy-w2", 1), ("ours", segments)]
     print(f"T={T}, relative error vs float64 of o / final state")
     print("gates  seed  " + "  ".join(f"{f}/{s}".ljust(21) for f, s in forms))
     for gates in ("strong", "weak"):
