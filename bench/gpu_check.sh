@@ -10,6 +10,8 @@
 # GDN_PROFILE_KERNELS=state_forward GDN_PROFILE_SKIP=1 GDN_PROFILE_COUNT=1 (at T=16384 the
 # training forward runs the save pass instead).
 set -uo pipefail
+# gpu_stage.sh packs .device/ into .device.txz, which a device call carries alone: unpacked here.
+[ -f .device.txz ] && [ ! -d .device ] && tar -xJf .device.txz
 out="${OUT:-$PWD/gpu-logs}"
 mkdir -p "$out"
 profile_t="${GDN_PROFILE_T:-16384}"

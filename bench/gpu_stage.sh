@@ -15,6 +15,10 @@
 #   GDN_VARIANT_TESTS="test_cuda_delta_rule" bash bench/gpu_stage.sh --variant v1 -DTRY=1
 #                                           # and these test programs of each variant (and of each
 #                                           # --commit but base), beside it
+#
+# Last, .device/ is packed into .device.txz (xz: about a tenth of its size, so that many programs
+# fit a device call's 64 MiB): carry [".device.txz"] and begin the command with
+# `tar -xJf .device.txz &&`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="/usr/local/cuda/bin:$PATH"
@@ -70,3 +74,5 @@ for ((i = 0; i < ${#variants[@]}; i += 2)); do  # this tree with extra CUDA flag
   stage "$name" "build-gpu-$name" "${GDN_VARIANT_TESTS:-}"
   echo "$flags" >".device/$name/flags"
 done
+tar -cf - .device | xz -T0 -6 >.device.txz
+echo "staged: .device $(du -sh .device | cut -f1), packed .device.txz $(du -sh .device.txz | cut -f1)"
