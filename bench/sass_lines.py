@@ -2,7 +2,9 @@
 instruction counts: for each setmaxnreg region (a role of a warp-specialized kernel, or the whole
 kernel) the instructions, spills (STL, LDL), tensor-core and barrier instructions, and the source
 lines that hold most instructions and every spill; then its largest loops (a backward branch to
-a label: the instructions between, those of a chunk or value-head loop a warp issues each turn).
+a label: the instructions between, those of a chunk or value-head loop a warp issues each turn),
+each with its chain gaps: the instructions from each wgmma wait to the next wgmma, the element-wise
+work that sits on a pass's chain between one product and the next.
 Static: a loop body counts once, and each role's copy of shared code (both sides of a branch on
 the thread's index) counts in full.
 
@@ -37,9 +39,20 @@ class Kernel:
         self.ops = []  # every instruction's opcode, in order
         self.labels = {}  # label -> index of the instruction after it
         self.back = []  # (index of a branch, its label)
+        self.waits = []  # indices of the wgmma waits (WARPGROUP.DEPBAR)
+
+    def gaps(self, first, last):
+        """Instructions from each wgmma wait in [first, last] to the next wgmma there."""
+        out = []
+        for wait in (w for w in self.waits if first <= w <= last):
+            after = self.ops[wait + 1 : last + 1]
+            if "HGMMA" in after:
+                out.append(after.index("HGMMA"))
+        return out
 
     def loops(self):
-        """(instructions, spill instructions, wgmma, region) of each loop, largest first."""
+        """(instructions, spill instructions, wgmma, region, chain gaps) of each loop, largest
+        first."""
         starts = [i for i, op in enumerate(self.ops) if op == "USETMAXREG"]
         out = []
         for at, label in self.back:
@@ -51,7 +64,8 @@ class Kernel:
                 continue  # a jump between roles' code, not a loop of one
             body = self.ops[first : at + 1]
             spills = sum(op in ("STL", "LDL") for op in body)
-            out.append((len(body), spills, body.count("HGMMA"), self.regions[region].name))
+            out.append((len(body), spills, body.count("HGMMA"), self.regions[region].name,
+                        self.gaps(first, at)))
         return sorted(out, reverse=True)
 
 
@@ -82,6 +96,8 @@ def parse(path, want):
             target = TARGET.search(text)
             if target and target.group(1) in kernel.labels:  # a label above: a loop
                 kernel.back.append((len(kernel.ops), target.group(1)))
+        if "WARPGROUP.DEPBAR" in text:
+            kernel.waits.append(len(kernel.ops))
         kernel.ops.append(op)
         regions = kernel.regions
         if op == "USETMAXREG":
@@ -123,8 +139,9 @@ def main():
             if region.spills:
                 spills = ", ".join(f"{op} {s} {n}" for (op, s), n in region.spills.most_common(args.top))
                 print(f"    spills ({sum(region.spills.values())}): {spills}")
-        for size, spills, wgmma, where in kernel.loops()[:4]:
-            print(f"  loop of {size} instructions ({spills} spill, {wgmma} wgmma) in {where}")
+        for size, spills, wgmma, where, gaps in kernel.loops()[:4]:
+            chain = f"; chain gaps {', '.join(map(str, gaps))}" if gaps else ""
+            print(f"  loop of {size} instructions ({spills} spill, {wgmma} wgmma) in {where}{chain}")
 
 
 if __name__ == "__main__":
