@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
-# On the GPU machine, from the repository root: installs whatever wheels this call carried (gdn's
-# in .whl/ with the shared libraries it needs in .whl/lib, the peers' in .peers/a and .peers/b:
-# together they exceed one call's carry limit, so they come in two calls to the same warm machine)
-# into /tmp/site, then runs bench/peers.py with the arguments given (none: install only). Triton's
+# On the GPU machine, from the repository root: unpacks the carried .peers/site.txz (gdn and the
+# peers installed by bench/peers_stage.sh) into /tmp/site and /tmp/site-lib, then runs
+# bench/peers.py with the arguments given (none: unpack only). Triton's
 # and TileLang's kernel caches live in /tmp/kernel-cache/{triton,tilelang}, seeded from carried
 # .peers/<name>.tgz.* and written back as $OUT/<name>.tgz.* (15 MB pieces: $OUT's files come back
 # up to 16 MiB each), so that a later machine skips the peers' compilation and autotuning
@@ -11,13 +10,9 @@
 # (ncu for `--part profile`).
 set -uo pipefail
 out="${OUT:-$PWD/gpu-logs}"
-mkdir -p "$out" /tmp/site /tmp/kernel-cache
-for dir in .whl .peers/a .peers/b; do
-  ls "$dir"/*.whl >/dev/null 2>&1 &&
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-      --target /tmp/site "$dir"/*.whl && echo "gpu_peers: installed $dir"
-done
-[ -d .whl/lib ] && mkdir -p /tmp/site-lib && cp .whl/lib/* /tmp/site-lib/  # libfmt, libgomp
+mkdir -p "$out" /tmp/kernel-cache
+[ -f .peers/site.txz ] && rm -rf /tmp/site /tmp/site-lib && tar -xJf .peers/site.txz -C /tmp &&
+  echo "gpu_peers: unpacked .peers/site.txz"
 for name in triton tilelang; do
   ls .peers/$name.tgz.* >/dev/null 2>&1 && cat .peers/$name.tgz.* | tar -xzf - -C /tmp/kernel-cache
 done

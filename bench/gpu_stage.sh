@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds the GPU programs here (sm_90a, no MPI) and stages them with the shared libraries they
 # need in .device/, for a machine that has the GPU but not this build (bench/gpu_check.sh runs
-# them there). gdn's wheel goes in .whl/ (pip wheel . -w .whl), the peers' in .peers/
-# (bench/gpu_peers.sh says which).
+# them there). gdn's wheel goes in .whl/ (pip wheel . -w .whl), to be packed with the peers' by
+# bench/peers_stage.sh.
 #
 #   bash bench/gpu_stage.sh                 # this tree's programs
 #   bash bench/gpu_stage.sh --base main     # also bench_cuda of another commit, in .device/base/,

@@ -14,9 +14,9 @@ against a float64 reference, on the same inputs.
                                            # T=65536 HK=16 HV=32 between cudaProfilerStart and
                                            # Stop, for ncu --profile-from-start off
 
-The peers' wheels (Python 3.12, fetched here with `pip download --no-deps`): .peers/a holds
-fla-core 0.6.0, flash-qla 0.1.3, apache-tvm-ffi 0.1.12, torch-c-dlpack-ext 0.1.5 and z3-solver
-4.15.4.0; .peers/b holds tilelang 0.1.15 (the two exceed one call's carry limit together).
+The peers (fla-core 0.6.0, flash-qla 0.1.3, tilelang 0.1.15, apache-tvm-ffi 0.1.12,
+torch-c-dlpack-ext 0.1.5, z3-solver 4.15.4.0) and gdn's wheel are installed here with Python 3.12
+and packed into .peers/site.txz by bench/peers_stage.sh; bench/gpu_peers.sh unpacks it there.
 
 Speed: forward, and forward + backward (torch.autograd.grad of o), each captured once in a CUDA
 graph and replayed 20 times per event pair, median of 5 pairs, so Python and launch overhead drop
