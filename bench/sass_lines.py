@@ -3,8 +3,8 @@ instruction counts: for each setmaxnreg region (a role of a warp-specialized ker
 kernel) the instructions, spills (STL, LDL), tensor-core and barrier instructions, and the source
 lines that hold most instructions and every spill; then its largest loops (a backward branch to
 a label: the instructions between, those of a chunk or value-head loop a warp issues each turn),
-each with its chain gaps: the instructions from each wgmma wait to the next wgmma, the element-wise
-work that sits on a pass's chain between one product and the next.
+each with its chain gaps: the instructions from each wgmma wait to the next wgmma (the last one's
+to the next turn's first), the element-wise work that sits on a pass's chain between products.
 Static: a loop body counts once, and each role's copy of shared code (both sides of a branch on
 the thread's index) counts in full.
 
@@ -42,12 +42,15 @@ class Kernel:
         self.waits = []  # indices of the wgmma waits (WARPGROUP.DEPBAR)
 
     def gaps(self, first, last):
-        """Instructions from each wgmma wait in [first, last] to the next wgmma there."""
+        """Instructions from each wgmma wait in the loop [first, last] to the next wgmma, the
+        last one's around the loop's back edge."""
+        body = self.ops[first : last + 1]
+        if "HGMMA" not in body:
+            return []
         out = []
-        for wait in (w for w in self.waits if first <= w <= last):
-            after = self.ops[wait + 1 : last + 1]
-            if "HGMMA" in after:
-                out.append(after.index("HGMMA"))
+        for wait in (w - first for w in self.waits if first <= w <= last):
+            after = body[wait + 1 :] + body  # the next turn's first wgmma, past the back edge
+            out.append(after.index("HGMMA"))
         return out
 
     def loops(self):
