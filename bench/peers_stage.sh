@@ -20,4 +20,5 @@ trap 'rm -rf "$work"' EXIT
   .peers/wheels/*.whl .whl/*.whl
 cp -r .whl/lib "$work/site-lib"
 tar -C "$work" -cf - site site-lib | xz -T0 -9 >.peers/site.txz
-echo "peers_stage: .peers/site.txz $(du -sh .peers/site.txz | cut -f1) ($(ls .peers/wheels/*.whl .whl/*.whl | wc -l) wheels)"
+wheels=(.peers/wheels/*.whl .whl/*.whl)
+echo "peers_stage: .peers/site.txz $(du -sh .peers/site.txz | cut -f1) (${#wheels[@]} wheels)"
