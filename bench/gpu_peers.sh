@@ -1,13 +1,12 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root: unpacks the carried .peers/site.txz (gdn and the
 # peers installed by bench/peers_stage.sh) into /tmp/site and /tmp/site-lib, then runs
-# bench/peers.py with the arguments given (none: unpack only). Triton's
-# and TileLang's kernel caches live in /tmp/kernel-cache/{triton,tilelang}, seeded from carried
-# .peers/<name>.tgz.* and written back as $OUT/<name>.tgz.* (15 MB pieces: $OUT's files come back
-# up to 16 MiB each), so that a later machine skips the peers' compilation and autotuning
-# (TileLang's took 490 s on a fresh H200, Triton's 450 s); GDN_PEERS_TIMEOUT=S stops peers.py after
-# S seconds, so that the caches still come back; GDN_PEERS_RUNNER runs peers.py under a command
-# (ncu for `--part profile`).
+# bench/peers.py with the arguments given (none: unpack only). Triton's and TileLang's kernel
+# caches live in /tmp/kernel-cache/{triton,tilelang}, seeded from carried .peers/<name>.tgz.* and
+# written back as $OUT/<name>.tgz.* (15 MB pieces: $OUT's files come back up to 16 MiB each), so
+# that a later machine skips the peers' compilation and autotuning (TileLang's took 490 s on a
+# fresh H200, Triton's 450 s); GDN_PEERS_TIMEOUT=S stops peers.py after S seconds, so that the
+# caches still come back; GDN_PEERS_RUNNER runs peers.py under a command (ncu for `--part profile`).
 set -uo pipefail
 out="${OUT:-$PWD/gpu-logs}"
 mkdir -p "$out" /tmp/kernel-cache

@@ -75,4 +75,4 @@ for ((i = 0; i < ${#variants[@]}; i += 2)); do  # this tree with extra CUDA flag
   echo "$flags" >".device/$name/flags"
 done
 tar -cf - .device | xz -T0 -6 >.device.txz
-echo "staged: .device $(du -sh .device | cut -f1), packed .device.txz $(du -sh .device.txz | cut -f1)"
+echo "staged: .device $(du -sh .device | cut -f1), .device.txz $(du -sh .device.txz | cut -f1)"

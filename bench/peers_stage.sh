@@ -16,8 +16,8 @@ python="${GDN_PYTHON312:-$HOME/.pyenv/versions/3.12.1/bin/python3}"
 ls .whl/*.whl .whl/lib/libfmt.so.9 .whl/lib/libgomp.so.1 >/dev/null
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-"$python" -m pip install -q --root-user-action=ignore --no-index --no-deps --no-compile --target "$work/site" \
-  .peers/wheels/*.whl .whl/*.whl
+"$python" -m pip install -q --root-user-action=ignore --no-index --no-deps --no-compile \
+  --target "$work/site" .peers/wheels/*.whl .whl/*.whl
 cp -r .whl/lib "$work/site-lib"
 tar -C "$work" -cf - site site-lib | xz -T0 -9 >.peers/site.txz
 wheels=(.peers/wheels/*.whl .whl/*.whl)

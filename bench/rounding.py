@@ -73,7 +73,7 @@ class Chunk:
 
 def chunks(p, form, low):
     """The chunks of p, from q, k over their l2 norms (spec 1), rounded to bf16 when low unless
-    form is unit-rows."""
+    form is one of UNIT_ROWS."""
     dt = np.float32 if low else np.float64
     r = bf16 if low and form not in UNIT_ROWS else identity
     qn, kn = (r(x / np.sqrt((x * x).sum(1, keepdims=True) + 1e-6))

@@ -144,7 +144,8 @@ def main():
                 print(f"    spills ({sum(region.spills.values())}): {spills}")
         for size, spills, wgmma, where, gaps in kernel.loops()[:4]:
             chain = f"; chain gaps {', '.join(map(str, gaps))}" if gaps else ""
-            print(f"  loop of {size} instructions ({spills} spill, {wgmma} wgmma) in {where}{chain}")
+            print(f"  loop of {size} instructions ({spills} spill, {wgmma} wgmma) in {where}"
+                  + chain)
 
 
 if __name__ == "__main__":
