@@ -103,23 +103,27 @@ for stage in $stages; do
           done
         done
       done | tee "$out/ab.log" ;;
-    variants)  # test_cuda_delta_rule of staged programs, each under a timeout (a protocol bug
-      # hangs): GDN_TEST_PROGRAMS lists NAME or NAME=GTEST_FILTER (new: this build; others:
-      # .device/NAME/ or build-stage2/NAME/, a second carry; NAME may be a path such as
-      # bisect/v2), GDN_TEST_TIMEOUT seconds each (240)
+    variants)  # the test programs staged beside each variant (gpu_stage.sh GDN_VARIANT_TESTS),
+      # each under a timeout (a protocol bug hangs): GDN_TEST_PROGRAMS lists NAME or
+      # NAME=GTEST_FILTER (new: this build's test_cuda_delta_rule; others: .device/NAME/ or
+      # build-stage2/NAME/, a second carry; NAME may be a path such as bisect/v2),
+      # GDN_TEST_TIMEOUT seconds each (240)
       for spec in ${GDN_TEST_PROGRAMS:-new}; do
         name="${spec%%=*}" filter='*'
         [ "$spec" != "$name" ] && filter="${spec#*=}"
-        program=.device/test_cuda_delta_rule
-        [ "$name" != new ] && program=".device/$name/test_cuda_delta_rule"
-        [ -x "$program" ] || program="build-stage2/$name/test_cuda_delta_rule"
-        log="$out/variant-${name//\//-}.log" start=$SECONDS
-        timeout "${GDN_TEST_TIMEOUT:-240}" "$program" --gtest_filter="$filter" >"$log" 2>&1
-        status=$?
-        echo "$name ($filter): exit $status in $((SECONDS - start)) s; passed $(grep -cE \
-          '^\[       OK' "$log"), failed $(grep -cE '^\[  FAILED  \].*\(' "$log"), skipped $(grep \
-          -cE '^\[  SKIPPED \]' "$log")"
-        grep -E "^\[  FAILED  \].*\(|Failure|errors" "$log" | head -8
+        dir=".device/$name"
+        [ -d "$dir" ] || dir="build-stage2/$name"
+        programs=("$dir"/test_*)
+        [ "$name" = new ] && programs=(.device/test_cuda_delta_rule)
+        for program in "${programs[@]}"; do
+          log="$out/variant-${name//\//-}-$(basename "$program").log" start=$SECONDS
+          timeout "${GDN_TEST_TIMEOUT:-240}" "$program" --gtest_filter="$filter" >"$log" 2>&1
+          status=$?
+          echo "$name $(basename "$program") ($filter): exit $status in $((SECONDS - start)) s;" \
+            "passed $(grep -cE '^\[       OK' "$log"), failed $(grep -cE '^\[  FAILED  \].*\(' \
+            "$log"), skipped $(grep -cE '^\[  SKIPPED \]' "$log")"
+          grep -E "^\[  FAILED  \].*\(|Failure|errors" "$log" | head -8
+        done
       done ;;
     accuracy)  # every output against float64, gdn and its peers on the same inputs (a fresh
       # machine compiles the peers' kernels first: over 250 s each for FLA and FlashQLA)

@@ -9,12 +9,16 @@
 #                                           # for `gpu_check.sh ab` (the two timed in turns)
 #   bash bench/gpu_stage.sh --commit old v2 # bench_cuda of commit v2 in .device/old/ (repeatable;
 #                                           # --base C is --commit base C)
+#   bash bench/gpu_stage.sh --patch chain bench/variants/chain-trim.patch
+#                                           # bench_cuda of HEAD with this patch applied (or
+#                                           # several, FILE,FILE), in .device/chain/ (repeatable;
+#                                           # bench/variants/README.md)
 #   bash bench/gpu_stage.sh --variant v1 -DTRY=1  # also this tree's bench_cuda built with
 #                                           # these CUDA flags, in .device/v1/ (repeatable; time
 #                                           # with GDN_AB_PROGRAMS="base new v1" gpu_check.sh ab)
 #   GDN_VARIANT_TESTS="test_cuda_delta_rule" bash bench/gpu_stage.sh --variant v1 -DTRY=1
 #                                           # and these test programs of each variant (and of each
-#                                           # --commit but base), beside it
+#                                           # --commit and --patch but base), beside it
 #
 # Last, .device/ is packed into .device.txz (xz: about a tenth of its size, so that many programs
 # fit a device call's 64 MiB): carry [".device.txz"] and begin the command with
@@ -22,15 +26,20 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="/usr/local/cuda/bin:$PATH"
-usage="usage: gpu_stage.sh [--base COMMIT] [--commit NAME COMMIT]... [--variant NAME CUDA_FLAGS]..."
-commits=()
+usage="usage: gpu_stage.sh [--base COMMIT] [--commit NAME COMMIT]... [--patch NAME FILE[,FILE]]...
+  [--variant NAME CUDA_FLAGS]..."
+commits=()  # name, commit, patch ('' for none): three entries each
 variants=()
 while [ $# -gt 0 ]; do
   case "$1" in
-    --base) [ $# -ge 2 ] || { echo "$usage" >&2; exit 2; }; commits+=(base "$2"); shift 2 ;;
+    --base) [ $# -ge 2 ] || { echo "$usage" >&2; exit 2; }; commits+=(base "$2" ''); shift 2 ;;
     --commit)
       [ $# -ge 3 ] && [[ "$2" =~ ^[A-Za-z0-9_]+$ ]] || { echo "$usage" >&2; exit 2; }
-      commits+=("$2" "$3"); shift 3 ;;
+      commits+=("$2" "$3" ''); shift 3 ;;
+    --patch)
+      [ $# -ge 3 ] && [[ "$2" =~ ^[A-Za-z0-9_]+$ ]] || { echo "$usage" >&2; exit 2; }
+      IFS=, read -ra files <<<"$3"
+      commits+=("$2" HEAD "$(realpath "${files[@]}" | paste -sd,)"); shift 3 ;;
     --variant)
       [ $# -ge 3 ] && [[ "$2" =~ ^[A-Za-z0-9_]+$ ]] || { echo "$usage" >&2; exit 2; }
       variants+=("$2" "$3"); shift 3 ;;
@@ -55,16 +64,23 @@ stage() {  # name, build dir, test programs: its bench_cuda and those in .device
   cp "$2/bench/bench_cuda" ".device/$1/"
   for t in $3; do cp "$2/tests/$t" ".device/$1/"; done
 }
-for ((i = 0; i < ${#commits[@]}; i += 2)); do  # another commit's tree in build-gpu-NAME/src
-  name="${commits[i]}" commit="${commits[i + 1]}"
+for ((i = 0; i < ${#commits[@]}; i += 3)); do  # another commit's tree in build-gpu-NAME/src
+  name="${commits[i]}" commit="${commits[i + 1]}" patch="${commits[i + 2]}"
   rm -rf "build-gpu-$name/src" && mkdir -p "build-gpu-$name/src"
   git archive "$commit" | tar -x -C "build-gpu-$name/src"
+  IFS=, read -ra files <<<"$patch"
+  applied=""
+  for file in "${files[@]}"; do  # the ceiling: inside this checkout, git apply would skip
+    # every path as outside the directory, silently
+    GIT_CEILING_DIRECTORIES="$PWD/build-gpu-$name" git -C "build-gpu-$name/src" apply "$file"
+    applied+=" + $(basename "$file")"
+  done
   configure "build-gpu-$name/src" "build-gpu-$name/build"
   tests_here="$([ "$name" = base ] || echo "${GDN_VARIANT_TESTS:-}")"
   # shellcheck disable=SC2086  # a list of targets
   ninja -C "build-gpu-$name/build" bench_cuda $tests_here
   stage "$name" "build-gpu-$name/build" "$tests_here"
-  git rev-parse --short "$commit" >".device/$name/commit"
+  echo "$(git rev-parse --short "$commit")$applied" >".device/$name/commit"
 done
 for ((i = 0; i < ${#variants[@]}; i += 2)); do  # this tree with extra CUDA flags
   name="${variants[i]}" flags="${variants[i + 1]}"
