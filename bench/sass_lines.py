@@ -4,7 +4,10 @@ kernel) the instructions, spills (STL, LDL), tensor-core and barrier instruction
 lines that hold most instructions and every spill; then its largest loops (a backward branch to
 a label: the instructions between, those of a chunk or value-head loop a warp issues each turn),
 each with its chain gaps: the instructions from each wgmma wait to the next wgmma (the last one's
-to the next turn's first), the element-wise work that sits on a pass's chain between products.
+to the next turn's first), the element-wise work that sits on a pass's chain between products,
+and its chain spans: from each wait to the next product's last wgmma (the one closing its group,
+`gsb0`), since ptxas may spread a product's wgmma over the work that follows its first, and the
+product completes only after its last is issued.
 Static: a loop body counts once, and each role's copy of shared code (both sides of a branch on
 the thread's index) counts in full.
 
@@ -40,22 +43,24 @@ class Kernel:
         self.labels = {}  # label -> index of the instruction after it
         self.back = []  # (index of a branch, its label)
         self.waits = []  # indices of the wgmma waits (WARPGROUP.DEPBAR)
+        self.closing = set()  # indices of the wgmma that close a group (gsb0)
 
-    def gaps(self, first, last):
-        """Instructions from each wgmma wait in the loop [first, last] to the next wgmma, the
-        last one's around the loop's back edge."""
-        body = self.ops[first : last + 1]
-        if "HGMMA" not in body:
+    def gaps(self, first, last, closing=False):
+        """Instructions from each wgmma wait in the loop [first, last] to the next wgmma (with
+        `closing`, to the next one closing a group), the last one's around the back edge."""
+        body = range(first, last + 1)
+        marks = [i for i in body if (i in self.closing if closing else self.ops[i] == "HGMMA")]
+        if not marks:
             return []
         out = []
-        for wait in (w - first for w in self.waits if first <= w <= last):
-            after = body[wait + 1 :] + body  # the next turn's first wgmma, past the back edge
-            out.append(after.index("HGMMA"))
+        for wait in (w for w in self.waits if first <= w <= last):
+            later = [i for i in marks if i > wait]  # else the next turn's, past the back edge
+            out.append(later[0] - wait - 1 if later else last - wait + marks[0] - first)
         return out
 
     def loops(self):
-        """(instructions, spill instructions, wgmma, region, chain gaps) of each loop, largest
-        first."""
+        """(instructions, spill instructions, wgmma, region, chain gaps, chain spans) of each
+        loop, largest first."""
         starts = [i for i, op in enumerate(self.ops) if op == "USETMAXREG"]
         out = []
         for at, label in self.back:
@@ -68,7 +73,7 @@ class Kernel:
             body = self.ops[first : at + 1]
             spills = sum(op in ("STL", "LDL") for op in body)
             out.append((len(body), spills, body.count("HGMMA"), self.regions[region].name,
-                        self.gaps(first, at)))
+                        self.gaps(first, at), self.gaps(first, at, closing=True)))
         return sorted(out, reverse=True)
 
 
@@ -101,6 +106,8 @@ def parse(path, want):
                 kernel.back.append((len(kernel.ops), target.group(1)))
         if "WARPGROUP.DEPBAR" in text:
             kernel.waits.append(len(kernel.ops))
+        if op == "HGMMA" and "gsb0" in text:
+            kernel.closing.add(len(kernel.ops))
         kernel.ops.append(op)
         regions = kernel.regions
         if op == "USETMAXREG":
@@ -142,8 +149,9 @@ def main():
             if region.spills:
                 spills = ", ".join(f"{op} {s} {n}" for (op, s), n in region.spills.most_common(args.top))
                 print(f"    spills ({sum(region.spills.values())}): {spills}")
-        for size, spills, wgmma, where, gaps in kernel.loops()[:4]:
-            chain = f"; chain gaps {', '.join(map(str, gaps))}" if gaps else ""
+        for size, spills, wgmma, where, gaps, spans in kernel.loops()[:4]:
+            chain = (f"; chain gaps {', '.join(map(str, gaps))}; spans {', '.join(map(str, spans))}"
+                     if gaps else "")
             print(f"  loop of {size} instructions ({spills} spill, {wgmma} wgmma) in {where}"
                   + chain)
 

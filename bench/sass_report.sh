@@ -2,7 +2,8 @@
 # The machine code (SASS) of one CUDA file's kernels, read here without a GPU: each kernel's
 # static instruction count, per setmaxnreg region (a warp role) its spills, tensor-core and
 # barrier instructions and the source lines holding most instructions, and its largest loops
-# with their chain gaps, the instructions from each wgmma wait to the next wgmma (bench/sass_lines.py).
+# with their chain gaps and spans, the instructions from each wgmma wait to the next wgmma and to
+# the next product's last wgmma (bench/sass_lines.py).
 # Where a kernel issues on most cycles, fewer instructions on its chain is time; this says where
 # they are before any device time is spent. nvdisasm comes from the registry's wheel
 # (nvidia-cuda-nvdisasm, the CUDA 13 tools), kept in .cache/.
