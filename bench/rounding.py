@@ -18,18 +18,21 @@ operands (round to nearest even) and multiplies in f32, so its errors land where
   wy-w2     wy-u32 with W carried in two bf16 parts
   wy-a      unit-rows' A and inputs, Vn = A diag(beta) V - bf16(A diag(beta e) K) S: the state
             passes' form with W made from A in the pass, rounded once (U, the V term, exact)
-and `ours` cut into segments joined by f32 affine summaries (fold.cu). A is bf16((I + L)^-1)
+  wy-summary  unit-rows, with the segments' summaries (their offsets and transfers) in wy-a's form
+            (bench/variants/wy-summary.patch)
+and any form cut into segments joined by f32 affine summaries (fold.cu): FORM/SEGMENTS on the
+command line. A is bf16((I + L)^-1)
 computed in float64 for every form, P = bf16(scale Q K^T * decay).
 
-  python3 bench/rounding.py [T] [segments] [form,form,...]   (numpy; T=65536 takes about a minute)
+  python3 bench/rounding.py [T] [segments] [form[/segments],...]   (numpy; T=65536: about a minute)
 """
 import sys
 
 import numpy as np
 
 C, D = 64, 128
-FORMS = ("bf16-x", "ours", "split-vs", "wy", "wy-fla", "wy-u32", "wy-w2", "wy-a")
-UNIT_ROWS = ("unit-rows", "wy-u32", "wy-w2", "wy-a")
+FORMS = ("bf16-x", "ours", "split-vs", "wy", "wy-fla", "wy-u32", "wy-w2", "wy-a", "wy-summary")
+UNIT_ROWS = ("unit-rows", "wy-u32", "wy-w2", "wy-a", "wy-summary")
 SCALE = 1 / np.sqrt(D)
 
 
@@ -113,6 +116,8 @@ def forward(p, form="ours", segments=1, low=True):
     all_chunks = chunks(p, form, low)
     form = "ours" if form == "unit-rows" else form
     assert form in FORMS, form
+    summary = "wy-a" if form == "wy-summary" else form  # the form of the segments' summaries
+    form = "ours" if form == "wy-summary" else form
     per = -(-len(all_chunks) // segments)
     parts = [all_chunks[s * per:(s + 1) * per] for s in range(segments)]
     # The state entering each segment: segment 0 from h0, then S_k+1 = M_k S_k + N_k with the
@@ -123,10 +128,10 @@ def forward(p, form="ours", segments=1, low=True):
         S = entering[0]
         for ch in part:
             if s == 0:
-                S, _ = step(S, ch, form, low)
+                S, _ = step(S, ch, summary, low)
             else:
-                M, _ = step(M, ch, form, low, v=np.zeros_like(ch.v))
-                N, _ = step(N, ch, form, low)
+                M, _ = step(M, ch, summary, low, v=np.zeros_like(ch.v))
+                N, _ = step(N, ch, summary, low)
         entering.append(S if s == 0 else (M @ entering[-1] + N).astype(dt))
     o = []
     for s, part in enumerate(parts):
@@ -166,7 +171,8 @@ def rel(x, y):
 if __name__ == "__main__":
     T = int(sys.argv[1]) if len(sys.argv) > 1 else 4096
     segments = int(sys.argv[2]) if len(sys.argv) > 2 else 34
-    forms = [(f, 1) for f in sys.argv[3].split(",")] if len(sys.argv) > 3 else [
+    forms = [(f.split("/")[0], int(f.split("/")[1]) if "/" in f else 1)
+             for f in sys.argv[3].split(",")] if len(sys.argv) > 3 else [
         ("bf16-x", 1), ("ours", 1), ("split-vs", 1), ("unit-rows", 1), ("wy", 1), ("wy-fla", 1),
         ("wy-u32", 1), ("wy-w2", 1), ("ours", segments)]
     print(f"T={T}, relative error vs float64 of o / final state")
