@@ -32,22 +32,35 @@ commits=()  # name, commit, patch ('' for none): three entries each
 variants=()
 while [ $# -gt 0 ]; do
   case "$1" in
-    --base) [ $# -ge 2 ] || { echo "$usage" >&2; exit 2; }; commits+=(base "$2" ''); shift 2 ;;
+    --base)
+      [ $# -ge 2 ] || { echo "$usage" >&2; exit 2; }
+      commits+=(base "$(git rev-parse "$2")" ''); shift 2 ;;
     --commit)
       [ $# -ge 3 ] && [[ "$2" =~ ^[A-Za-z0-9_]+$ ]] || { echo "$usage" >&2; exit 2; }
-      commits+=("$2" "$3" ''); shift 3 ;;
+      commits+=("$2" "$(git rev-parse "$3")" ''); shift 3 ;;
     --patch)
       [ $# -ge 3 ] && [[ "$2" =~ ^[A-Za-z0-9_]+$ ]] || { echo "$usage" >&2; exit 2; }
       IFS=, read -ra files <<<"$3"
-      commits+=("$2" HEAD "$(realpath "${files[@]}" | paste -sd,)"); shift 3 ;;
+      commits+=("$2" "$(git rev-parse HEAD)" "$(realpath "${files[@]}" | paste -sd,)"); shift 3 ;;
     --variant)
       [ $# -ge 3 ] && [[ "$2" =~ ^[A-Za-z0-9_]+$ ]] || { echo "$usage" >&2; exit 2; }
       variants+=("$2" "$3"); shift 3 ;;
     *) echo "$usage" >&2; exit 2 ;;
   esac
 done
+# ccache (installed here if missing) shares the object files that the builds of the other commits
+# and patches have in common with this tree's: each is a full build in its own folder, and most
+# of their files are the same. The base folder makes their paths relative, so that they match.
+command -v ccache >/dev/null || { apt-get install -y -qq ccache >/dev/null 2>&1 ||
+  sudo apt-get install -y -qq ccache >/dev/null 2>&1 || true; }
+launchers=()
+if command -v ccache >/dev/null; then
+  export CCACHE_DIR="$PWD/.cache/ccache" CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=true
+  launchers=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+fi
 configure() {  # source dir, build dir, extra cmake arguments
-  cmake -S "$1" -B "$2" -G Ninja -DGDN_NATIVE=OFF -DGDN_MPI=OFF -DGDN_BUILD_BENCH=ON "${@:3}" >/dev/null
+  cmake -S "$1" -B "$2" -G Ninja -DGDN_NATIVE=OFF -DGDN_MPI=OFF -DGDN_BUILD_BENCH=ON \
+    ${launchers[@]+"${launchers[@]}"} "${@:3}" >/dev/null
 }
 configure . build-gpu
 tests="test_cuda_delta_rule test_cuda_l2norm test_cuda_wgmma test_cuda_cp test_comm_gpu
@@ -55,7 +68,7 @@ tests="test_cuda_delta_rule test_cuda_l2norm test_cuda_wgmma test_cuda_cp test_c
 [ -f build-gpu/build.ninja ] && grep -q "^build tests/test_comm_nccl" build-gpu/build.ninja &&
   tests="$tests test_comm_nccl"
 ninja -C build-gpu gdn $tests bench_cuda bench_cuda_cp
-mkdir -p .device
+rm -rf .device .device.txz && mkdir -p .device
 cp build-gpu/gdn $(for t in $tests; do echo build-gpu/tests/$t; done) \
   build-gpu/bench/bench_cuda build-gpu/bench/bench_cuda_cp .device/
 for lib in libfmt.so.9 libgomp.so.1; do cp "$(ldconfig -p | awk -v l=$lib '$1 == l {print $NF; exit}')" .device/; done
@@ -64,22 +77,24 @@ stage() {  # name, build dir, test programs: its bench_cuda and those in .device
   cp "$2/bench/bench_cuda" ".device/$1/"
   for t in $3; do cp "$2/tests/$t" ".device/$1/"; done
 }
-for ((i = 0; i < ${#commits[@]}; i += 3)); do  # another commit's tree in build-gpu-NAME/src
+# Another commit's tree (with patches) in build-gpu-tree/, one after another in the same folder,
+# so that ccache (which keys on the paths __FILE__ expands to) finds the files they share.
+for ((i = 0; i < ${#commits[@]}; i += 3)); do
   name="${commits[i]}" commit="${commits[i + 1]}" patch="${commits[i + 2]}"
-  rm -rf "build-gpu-$name/src" && mkdir -p "build-gpu-$name/src"
-  git archive "$commit" | tar -x -C "build-gpu-$name/src"
+  rm -rf build-gpu-tree && mkdir -p build-gpu-tree/src
+  git archive "$commit" | tar -x -C build-gpu-tree/src
   IFS=, read -ra files <<<"$patch"
   applied=""
   for file in "${files[@]}"; do  # the ceiling: inside this checkout, git apply would skip
     # every path as outside the directory, silently
-    GIT_CEILING_DIRECTORIES="$PWD/build-gpu-$name" git -C "build-gpu-$name/src" apply "$file"
+    GIT_CEILING_DIRECTORIES="$PWD/build-gpu-tree" git -C build-gpu-tree/src apply "$file"
     applied+=" + $(basename "$file")"
   done
-  configure "build-gpu-$name/src" "build-gpu-$name/build"
+  configure build-gpu-tree/src build-gpu-tree/build
   tests_here="$([ "$name" = base ] || echo "${GDN_VARIANT_TESTS:-}")"
   # shellcheck disable=SC2086  # a list of targets
-  ninja -C "build-gpu-$name/build" bench_cuda $tests_here
-  stage "$name" "build-gpu-$name/build" "$tests_here"
+  ninja -C build-gpu-tree/build bench_cuda $tests_here
+  stage "$name" build-gpu-tree/build "$tests_here"
   echo "$(git rev-parse --short "$commit")$applied" >".device/$name/commit"
 done
 for ((i = 0; i < ${#variants[@]}; i += 2)); do  # this tree with extra CUDA flags
