@@ -18,8 +18,10 @@ operands (round to nearest even) and multiplies in f32, so its errors land where
   wy-w2     wy-u32 with W carried in two bf16 parts
   wy-a      unit-rows' A and inputs, Vn = A diag(beta) V - bf16(A diag(beta e) K) S: the state
             passes' form with W made from A in the pass, rounded once (U, the V term, exact)
-  wy-summary  unit-rows, with the segments' summaries (their offsets and transfers) in wy-a's form
-            (bench/variants/wy-summary.patch)
+  wy-1      wy-a with its operands rounded once: Vn = A bf16(diag(beta) V) - bf16(bf16(A diag(beta
+            e)) K) S
+  wy-summary, wy-summary-1  unit-rows, with the segments' summaries (their offsets and transfers)
+            in wy-a's or wy-1's form (bench/variants/wy-summary.patch: wy-a)
 and any form cut into segments joined by f32 affine summaries (fold.cu): FORM/SEGMENTS on the
 command line. A is bf16((I + L)^-1)
 computed in float64 for every form, P = bf16(scale Q K^T * decay).
@@ -31,8 +33,9 @@ import sys
 import numpy as np
 
 C, D = 64, 128
-FORMS = ("bf16-x", "ours", "split-vs", "wy", "wy-fla", "wy-u32", "wy-w2", "wy-a", "wy-summary")
-UNIT_ROWS = ("unit-rows", "wy-u32", "wy-w2", "wy-a", "wy-summary")
+FORMS = ("bf16-x", "ours", "split-vs", "wy", "wy-fla", "wy-u32", "wy-w2", "wy-a", "wy-1",
+         "wy-summary", "wy-summary-1")
+UNIT_ROWS = ("unit-rows", "wy-u32", "wy-w2", "wy-a", "wy-1", "wy-summary", "wy-summary-1")
 SCALE = 1 / np.sqrt(D)
 
 
@@ -97,6 +100,9 @@ def step(S, ch, form, low, v=None):
     elif form == "wy-a":
         # ours with diag(beta e) K S taken apart: W = A diag(beta e) K rounded once; U exact.
         Vn = ch.A @ (b * V) - r(ch.A @ (b * e * ch.k)) @ Sb
+    elif form == "wy-1":
+        # wy-a with the operands rounded once: A bf16(diag(beta) V), bf16(A diag(beta e)) K.
+        Vn = ch.A @ r(b * V) - r(r(ch.A * (ch.beta * ch.e)[None, :]) @ ch.k) @ Sb
     elif form in ("wy-u32", "wy-w2"):
         # A's columns scaled in chunk_prep and rounded once, as A is now; U stays f32.
         U = r(ch.A64 * ch.beta[None, :]) @ V
@@ -116,8 +122,9 @@ def forward(p, form="ours", segments=1, low=True):
     all_chunks = chunks(p, form, low)
     form = "ours" if form == "unit-rows" else form
     assert form in FORMS, form
-    summary = "wy-a" if form == "wy-summary" else form  # the form of the segments' summaries
-    form = "ours" if form == "wy-summary" else form
+    # the form of the segments' summaries
+    summary = {"wy-summary": "wy-a", "wy-summary-1": "wy-1"}.get(form, form)
+    form = "ours" if form.startswith("wy-summary") else form
     per = -(-len(all_chunks) // segments)
     parts = [all_chunks[s * per:(s + 1) * per] for s in range(segments)]
     # The state entering each segment: segment 0 from h0, then S_k+1 = M_k S_k + N_k with the
