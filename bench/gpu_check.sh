@@ -82,8 +82,9 @@ for stage in $stages; do
       .device/bench_cuda | tee "$out/bench.log"
       bash bench/gpu_peers.sh --part speed ;;
     ab)  # this build's bench_cuda against .device/base/'s (gpu_stage.sh --base) and any variants
-      # (--variant), in turns, two rounds; GDN_AB_ROWS: bench_cuda argument lists, ';' between
-      # rows; GDN_AB_PROGRAMS: which, in order (new: this build; others: .device/NAME/)
+      # (--variant, --patch), in turns, two rounds; GDN_AB_ROWS: bench_cuda argument lists, ';'
+      # between rows; GDN_AB_PROGRAMS: which, in order (new: this build; others: .device/NAME/);
+      # GDN_AB_TIMEOUT: seconds a run (120), so that a variant that hangs costs only that
       rows="${GDN_AB_ROWS:-1 65536 16 32;1 16384 16 32;1 4096 16 32;8 8192 16 32;1 65536 1 2}"
       programs="${GDN_AB_PROGRAMS:-base new}"
       echo "ms fwd / fwd+bwd, GiB; new: this build"
@@ -98,7 +99,8 @@ for stage in $stages; do
           IFS=';' read -ra list <<<"$rows"
           for row in "${list[@]}"; do
             # shellcheck disable=SC2086  # a row is several arguments
-            echo "$which $round: $($program $row 2>&1 | grep -E "gdn-cuda|bench_cuda:" |
+            echo "$which $round: $(timeout "${GDN_AB_TIMEOUT:-120}" $program $row 2>&1 |
+              grep -E "gdn-cuda|bench_cuda:" |
               sed -E 's/ \(([0-9.]+) TFLOP[^,]*, /(/g; s/ \| inputs.*//; s/workspaces? //g')"
           done
         done
