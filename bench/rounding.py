@@ -35,7 +35,8 @@ import numpy as np
 C, D = 64, 128
 FORMS = ("bf16-x", "ours", "split-vs", "wy", "wy-fla", "wy-u32", "wy-w2", "wy-a", "wy-1",
          "wy-summary", "wy-summary-1")
-UNIT_ROWS = ("unit-rows", "wy-u32", "wy-w2", "wy-a", "wy-1", "wy-summary", "wy-summary-1")
+UNIT_ROWS = ("unit-rows", "wy-u32", "wy-w2", "wy-a", "wy-1", "wy-summary", "wy-summary-1", "wy-w",
+             "wy-w1")
 SCALE = 1 / np.sqrt(D)
 
 
@@ -155,7 +156,9 @@ def dh0(p, form="ours", low=True):
     K^T diag(beta e) Y; the kernels round dS, dVn (before A) and diag(beta e) Y (before K) to bf16
     and carry diag(scale e) dO as hi + lo parts (`ours`; bf16-sdo rounds it once, as the kernels
     did until 2026-12-02); split-dvn and split-y carry dVn or Y in two parts too, split-both both;
-    unit-rows is ours with the unit rows of q, k not rounded (as forward())."""
+    unit-rows is ours with the unit rows of q, k not rounded (as forward()); wy-w is unit-rows
+    with Y and its product by K replaced by W^T dVn, W = A diag(beta e) K made in the pass (its
+    operand A diag(beta e) in two parts) and rounded once; wy-w1 rounds that operand once too."""
     dt = np.float32 if low else np.float64
     r = bf16 if low else identity
     r_dvn = identity if form in ("split-dvn", "split-both") else r
@@ -165,6 +168,11 @@ def dh0(p, form="ours", low=True):
     for a, ch in reversed(list(zip(range(0, len(p["g"]), C), chunks(p, form, low)))):
         dO = p["d_o"][a:a + C].astype(dt)
         dVn = ch.f[:, None] * (ch.k @ r(dS)) + ch.P.T @ dO
+        if form in ("wy-w", "wy-w1"):  # W^T dVn, W = A diag(beta e) K made in the pass
+            AB = ch.A * (ch.beta * ch.e)[None, :]  # its operand, in two parts (wy-w) or rounded
+            W = r((AB if form == "wy-w" else r(AB)) @ ch.k)
+            dS = ch.gamma * dS + ch.q.T @ r_sdo(SCALE * ch.e[:, None] * dO) - W.T @ r(dVn)
+            continue
         Y = ch.A.T @ r_dvn(dVn)
         dS = (ch.gamma * dS + ch.q.T @ r_sdo(SCALE * ch.e[:, None] * dO) -
               ch.k.T @ r_y(ch.beta[:, None] * ch.e[:, None] * Y))
@@ -193,7 +201,8 @@ if __name__ == "__main__":
                 o, s = forward(p, form, seg)
                 cells.append(f"{rel(o, o64):.3e} / {rel(s, s64):.3e}")
             print(f"{gates:6s} {seed:4d}  " + "  ".join(cells), flush=True)
-    backward = ("bf16-sdo", "ours", "split-dvn", "split-y", "split-both", "unit-rows")
+    backward = ("bf16-sdo", "ours", "split-dvn", "split-y", "split-both", "unit-rows", "wy-w",
+                "wy-w1")
     print(f"T={T}, relative error vs float64 of dh0 (the state gradient's chain)")
     print("gates  seed  " + "  ".join(f.ljust(10) for f in backward))
     for gates in ("strong", "weak"):
