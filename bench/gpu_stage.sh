@@ -49,8 +49,8 @@ while [ $# -gt 0 ]; do
   esac
 done
 # ccache (installed here if missing) shares the object files that the builds of the other commits
-# and patches have in common with this tree's: each is a full build in its own folder, and most
-# of their files are the same. The base folder makes their paths relative, so that they match.
+# and patches have in common: each is a full build (in build-gpu-tree/, one after another), and
+# most of their files are the same. About 7 minutes for six trees here cold, under 2 warm.
 command -v ccache >/dev/null || { apt-get install -y -qq ccache >/dev/null 2>&1 ||
   sudo apt-get install -y -qq ccache >/dev/null 2>&1 || true; }
 launchers=()
