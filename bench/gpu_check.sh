@@ -113,10 +113,13 @@ for stage in $stages; do
       for spec in ${GDN_TEST_PROGRAMS:-new}; do
         name="${spec%%=*}" filter='*'
         [ "$spec" != "$name" ] && filter="${spec#*=}"
-        dir=".device/$name"
-        [ -d "$dir" ] || dir="build-stage2/$name"
-        programs=("$dir"/test_*)
-        [ "$name" = new ] && programs=(.device/test_cuda_delta_rule)
+        if [ "$name" = new ]; then
+          programs=(.device/test_cuda_delta_rule)
+        else
+          dir=".device/$name"
+          [ -d "$dir" ] || dir="build-stage2/$name"
+          programs=("$dir"/test_*)
+        fi
         for program in "${programs[@]}"; do
           log="$out/variant-${name//\//-}-$(basename "$program").log" start=$SECONDS
           timeout "${GDN_TEST_TIMEOUT:-240}" "$program" --gtest_filter="$filter" >"$log" 2>&1

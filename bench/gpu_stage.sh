@@ -51,8 +51,10 @@ done
 # ccache (installed here if missing) shares the object files that the builds of the other commits
 # and patches have in common: each is a full build (in build-gpu-tree/, one after another), and
 # most of their files are the same. About 7 minutes for six trees here cold, under 2 warm.
-command -v ccache >/dev/null || { apt-get install -y -qq ccache >/dev/null 2>&1 ||
-  sudo apt-get install -y -qq ccache >/dev/null 2>&1 || true; }
+sudo=""
+[ "$(id -u)" -ne 0 ] && sudo=sudo
+command -v ccache >/dev/null ||
+  { $sudo apt-get update -qq && $sudo apt-get install -y -qq ccache; } >/dev/null 2>&1 || true
 launchers=()
 if command -v ccache >/dev/null; then
   export CCACHE_DIR="$PWD/.cache/ccache" CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=true

@@ -18,25 +18,22 @@ operands (round to nearest even) and multiplies in f32, so its errors land where
   wy-w2     wy-u32 with W carried in two bf16 parts
   wy-a      unit-rows' A and inputs, Vn = A diag(beta) V - bf16(A diag(beta e) K) S: the state
             passes' form with W made from A in the pass, rounded once (U, the V term, exact)
-  wy-1      wy-a with its operands rounded once: Vn = A bf16(diag(beta) V) - bf16(bf16(A diag(beta
-            e)) K) S
-  wy-summary, wy-summary-1  unit-rows, with the segments' summaries (their offsets and transfers)
-            in wy-a's or wy-1's form (bench/variants/wy-summary.patch: wy-a)
-and any form cut into segments joined by f32 affine summaries (fold.cu): FORM/SEGMENTS on the
-command line. A is bf16((I + L)^-1)
-computed in float64 for every form, P = bf16(scale Q K^T * decay).
+  wy-1      wy-a with its operands rounded once:
+            Vn = A bf16(diag(beta) V) - bf16(bf16(A diag(beta e)) K) S
+and any form cut into segments joined by f32 affine summaries (fold.cu), FORM/SEGMENTS on the
+command line, whose summaries (offsets and transfers) may take a form of their own:
+FORM/SEGMENTS/SUMMARY_FORM (unit-rows/4/wy-1: bench/variants/wy-summary.patch). A is
+bf16((I + L)^-1) computed in float64 for every form, P = bf16(scale Q K^T * decay).
 
-  python3 bench/rounding.py [T] [segments] [form[/segments],...]   (numpy; T=65536: about a minute)
+  python3 bench/rounding.py [T] [segments] [form[/segments[/summary form]],...]   (numpy)
 """
 import sys
 
 import numpy as np
 
 C, D = 64, 128
-FORMS = ("bf16-x", "ours", "split-vs", "wy", "wy-fla", "wy-u32", "wy-w2", "wy-a", "wy-1",
-         "wy-summary", "wy-summary-1")
-UNIT_ROWS = ("unit-rows", "wy-u32", "wy-w2", "wy-a", "wy-1", "wy-summary", "wy-summary-1", "wy-w",
-             "wy-w1")
+FORMS = ("bf16-x", "ours", "split-vs", "wy", "wy-fla", "wy-u32", "wy-w2", "wy-a", "wy-1")
+UNIT_ROWS = ("unit-rows", "wy-u32", "wy-w2", "wy-a", "wy-1", "wy-w", "wy-w1")
 SCALE = 1 / np.sqrt(D)
 
 
@@ -116,16 +113,16 @@ def step(S, ch, form, low, v=None):
     return ch.gamma * S + ch.k.T @ (exact if form == "split-vs" else r)(ch.f[:, None] * Vn), O
 
 
-def forward(p, form="ours", segments=1, low=True):
-    """o and the final state; low=False is the float64 reference (no rounding)."""
+def forward(p, form="ours", segments=1, low=True, summary=None):
+    """o and the final state; low=False is the float64 reference (no rounding). The segments'
+    summaries take the form `summary` (default: form), of the same inputs (UNIT_ROWS or not)."""
     dt = np.float32 if low else np.float64
     r = bf16 if low else identity
     all_chunks = chunks(p, form, low)
-    form = "ours" if form == "unit-rows" else form
-    assert form in FORMS, form
-    # the form of the segments' summaries
-    summary = {"wy-summary": "wy-a", "wy-summary-1": "wy-1"}.get(form, form)
-    form = "ours" if form.startswith("wy-summary") else form
+    summary = summary or form
+    assert (summary in UNIT_ROWS) == (form in UNIT_ROWS), (form, summary)
+    form, summary = ("ours" if f == "unit-rows" else f for f in (form, summary))
+    assert form in FORMS and summary in FORMS, (form, summary)
     per = -(-len(all_chunks) // segments)
     parts = [all_chunks[s * per:(s + 1) * per] for s in range(segments)]
     # The state entering each segment: segment 0 from h0, then S_k+1 = M_k S_k + N_k with the
@@ -170,12 +167,10 @@ def dh0(p, form="ours", low=True):
         dVn = ch.f[:, None] * (ch.k @ r(dS)) + ch.P.T @ dO
         if form in ("wy-w", "wy-w1"):  # W^T dVn, W = A diag(beta e) K made in the pass
             AB = ch.A * (ch.beta * ch.e)[None, :]  # its operand, in two parts (wy-w) or rounded
-            W = r((AB if form == "wy-w" else r(AB)) @ ch.k)
-            dS = ch.gamma * dS + ch.q.T @ r_sdo(SCALE * ch.e[:, None] * dO) - W.T @ r(dVn)
-            continue
-        Y = ch.A.T @ r_dvn(dVn)
-        dS = (ch.gamma * dS + ch.q.T @ r_sdo(SCALE * ch.e[:, None] * dO) -
-              ch.k.T @ r_y(ch.beta[:, None] * ch.e[:, None] * Y))
+            w_term = r((AB if form == "wy-w" else r(AB)) @ ch.k).T @ r(dVn)
+        else:
+            w_term = ch.k.T @ r_y(ch.beta[:, None] * ch.e[:, None] * (ch.A.T @ r_dvn(dVn)))
+        dS = ch.gamma * dS + ch.q.T @ r_sdo(SCALE * ch.e[:, None] * dO) - w_term
     return dS
 
 
@@ -186,19 +181,20 @@ def rel(x, y):
 if __name__ == "__main__":
     T = int(sys.argv[1]) if len(sys.argv) > 1 else 4096
     segments = int(sys.argv[2]) if len(sys.argv) > 2 else 34
-    forms = [(f.split("/")[0], int(f.split("/")[1]) if "/" in f else 1)
-             for f in sys.argv[3].split(",")] if len(sys.argv) > 3 else [
-        ("bf16-x", 1), ("ours", 1), ("split-vs", 1), ("unit-rows", 1), ("wy", 1), ("wy-fla", 1),
-        ("wy-u32", 1), ("wy-w2", 1), ("ours", segments)]
+    forms = sys.argv[3].split(",") if len(sys.argv) > 3 else [
+        "bf16-x", "ours", "split-vs", "unit-rows", "wy", "wy-fla", "wy-u32", "wy-w2",
+        f"ours/{segments}"]
     print(f"T={T}, relative error vs float64 of o / final state")
-    print("gates  seed  " + "  ".join(f"{f}/{s}".ljust(21) for f, s in forms))
+    print("gates  seed  " + "  ".join(f.ljust(21) for f in forms))
     for gates in ("strong", "weak"):
         for seed in (0, 1):
             p = problem(T, gates, seed)
             o64, s64 = forward(p, low=False)
             cells = []
-            for form, seg in forms:
-                o, s = forward(p, form, seg)
+            for spec in forms:  # FORM[/SEGMENTS[/SUMMARY_FORM]]
+                form, *rest = spec.split("/")
+                seg, summary = int(rest[0]) if rest else 1, rest[1] if len(rest) > 1 else None
+                o, s = forward(p, form, seg, summary=summary)
                 cells.append(f"{rel(o, o64):.3e} / {rel(s, s64):.3e}")
             print(f"{gates:6s} {seed:4d}  " + "  ".join(cells), flush=True)
     backward = ("bf16-sdo", "ours", "split-dvn", "split-y", "split-both", "unit-rows", "wy-w",
