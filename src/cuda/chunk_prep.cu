@@ -19,6 +19,7 @@
 #include "core/reset.h"
 #include "cuda/check.h"
 #include "cuda/kernels.h"
+#include "cuda/launch.cuh"
 #include "cuda/mma.cuh"
 
 namespace gdn::cuda {
@@ -116,6 +117,7 @@ __device__ inline void store_tile64(bf16* dst, const bf16* src) {
 
 template <typename In>
 __global__ void __launch_bounds__(kThreads, 4) chunk_prep_kernel(Params p) {
+  begin_dependent();  // launch.cuh
   const int cid = blockIdx.x, hk = blockIdx.y, tid = threadIdx.x;
   const int warp = tid / 32, lane = tid % 32;
   const ChunkInfo info = p.chunks[cid];
@@ -308,8 +310,7 @@ template <typename In>
 void launch_chunk_prep(const Params& p, cudaStream_t stream) {
   GDN_CUDA_CHECK(cudaFuncSetAttribute(
       chunk_prep_kernel<In>, cudaFuncAttributeMaxDynamicSharedMemorySize, PrepSmem::bytes));
-  chunk_prep_kernel<In><<<dim3(p.NC, p.HK), kThreads, PrepSmem::bytes, stream>>>(p);
-  GDN_CUDA_CHECK_LAUNCH();
+  launch_dependent(chunk_prep_kernel<In>, dim3(p.NC, p.HK), kThreads, PrepSmem::bytes, stream, p);
 }
 
 template void launch_chunk_prep<bf16>(const Params&, cudaStream_t);

@@ -2,6 +2,7 @@
 // header (delta_rule.cu).
 #include "cuda/check.h"
 #include "cuda/kernels.h"
+#include "cuda/launch.cuh"
 
 namespace gdn::cuda {
 namespace {
@@ -91,6 +92,7 @@ __device__ void empty_table(const Params& p) {
 // (so no later kernel reads the forward's workspace, or writes out of the gradients' bounds by
 // that forward's chunks), sets the gradients to NaN and records what differs in the mailbox.
 __global__ void chunk_table_kernel(Params p) {
+  begin_dependent();            // launch.cuh
   __shared__ int bad_field;     // the first header field that differs, or kHeaderFields
   __shared__ int bad_sequence;  // the first sequence whose offsets differ, or N
   if (threadIdx.x == 0 && p.header_out) *p.header_out = p.header;
@@ -211,8 +213,7 @@ __global__ void chunk_table_kernel(Params p) {
 }  // namespace
 
 void launch_chunk_table(const Params& p, cudaStream_t stream) {
-  chunk_table_kernel<<<1, 256, 0, stream>>>(p);
-  GDN_CUDA_CHECK_LAUNCH();
+  launch_dependent(chunk_table_kernel, 1, 256, 0, stream, p);
 }
 
 }  // namespace gdn::cuda

@@ -16,6 +16,7 @@
 #include "cuda/affine.cuh"
 #include "cuda/check.h"
 #include "cuda/kernels.h"
+#include "cuda/launch.cuh"
 #include "cuda/segments.h"
 #include "cuda/state_pass.cuh"
 
@@ -27,6 +28,7 @@ using state_pass::sequence_matrix;
 
 template <Fold kFold, int kTiles>
 __global__ void __launch_bounds__(affine::kThreads) fold_kernel(Params p) {
+  begin_dependent();  // launch.cuh
   const int hv = blockIdx.x, n = blockIdx.y, j0 = blockIdx.z * affine::Smem<kTiles>::kSlice;
   const int chunks = p.chunk_begin[n + 1] - p.chunk_begin[n];
   const int last = (chunks + p.seg_len - 1) / p.seg_len - 1, z0 = n * p.seg_count;
@@ -112,8 +114,8 @@ void launch_fold_tiles(const Params& p, Fold fold, cudaStream_t stream) {
   const auto kernel = kKernels[static_cast<int>(fold)];
   constexpr int smem = affine::kSmemBytes<kTiles>;
   GDN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  kernel<<<dim3(p.HV, p.N, kD / affine::Smem<kTiles>::kSlice), affine::kThreads, smem, stream>>>(p);
-  GDN_CUDA_CHECK_LAUNCH();
+  launch_dependent(kernel, dim3(p.HV, p.N, kD / affine::Smem<kTiles>::kSlice), affine::kThreads,
+                   smem, stream, p);
 }
 
 }  // namespace

@@ -45,6 +45,7 @@
 #include "core/reset.h"
 #include "cuda/check.h"
 #include "cuda/kernels.h"
+#include "cuda/launch.cuh"
 #include "cuda/wgmma.cuh"
 
 namespace gdn::cuda {
@@ -91,6 +92,34 @@ __device__ inline float col_sum(float v) {
   return v + __shfl_xor_sync(0xffffffffu, v, 16);
 }
 
+// One pass of a warp's 16-bit output rows (its 16 rows r0 + g, + 8 and 32 of its columns) stored
+// 16 bytes at a time: pair(nt, e) packs its values of n-tile nt (4 pass .. 4 pass + 3), elements
+// e, e + 1 (e = 0: row r0 + g, e = 2: row r0 + g + 8) into the warp's 1 KB `stage` ([16][16] u32,
+// its 16-byte pieces swizzled: no bank conflicts); then each lane copies two pieces to row(i) +
+// 32 pass, rows i < len. (4-byte stores from the accumulators, 16 a thread a pass, stalled on the
+// memory pipe's queue: 2-3% of the kernel's stall samples.)
+template <typename Pair, typename Row>
+__device__ inline void store_pass(std::uint32_t* stage, int pass, int r0, int len, Pair pair,
+                                  Row row) {
+  const int lane = threadIdx.x % 32, g = lane / 4, c = 2 * (lane % 4);
+#pragma unroll
+  for (int nt = 4 * pass; nt < 4 * pass + 4; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; e += 2) {
+      const int sr = g + 8 * (e / 2);
+      stage[sr * 16 + 4 * ((nt % 4) ^ (sr / 2 % 4)) + c / 2] = pair(nt, e);
+    }
+  __syncwarp();
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const int r = lane / 4 + 8 * k, piece = lane % 4;
+    if (r0 + r < len)
+      *reinterpret_cast<uint4*>(row(r0 + r) + 32 * pass + 8 * piece) =
+          *reinterpret_cast<const uint4*>(stage + r * 16 + 4 * (piece ^ (r / 2 % 4)));
+  }
+  __syncwarp();
+}
+
 // out[r] += row sums (rows lo, lo + 8 of a 16-row block) of n accumulator tiles times w(col),
 // by the row's owner (lane 4 g: the same thread for every term of the row, in program order).
 template <int N, typename Weight>
@@ -112,6 +141,7 @@ __device__ inline void add_row_sums(float* out, int row0, const Acc (&x)[N], Wei
 
 template <typename In>
 __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
+  begin_dependent();  // launch.cuh
   // The chunk at `place` in this round's dh and dVn (params.cuh: rounds).
   const int place = blockIdx.x, hk = blockIdx.y, tid = threadIdx.x;
   const RoundChunk at = p.round_chunks[static_cast<long long>(p.round) * p.round_slots + place];
@@ -350,35 +380,20 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
     {
       In* dv = static_cast<In*>(p.dv) + vrow * kD;
       float vd[8][4];
-      // dv through the warp's 1 KB of dls's tile (free until dL; 16 rows x 32 columns a pass), so
-      // that each thread stores 16 bytes 4 times rather than 4 bytes 16 times (the 4-byte stores
-      // stalled on the memory pipe's queue: 2-3% of the kernel's stall samples).
-      std::uint32_t* stage = reinterpret_cast<std::uint32_t*>(dls) + warp * 256;  // [16][16]
+      // dv through the warp's 1 KB of dls's tile (free until dL).
+      std::uint32_t* stage = reinterpret_cast<std::uint32_t*>(dls) + warp * 256;
 #pragma unroll
-      for (int pass = 0; pass < 2; ++pass) {
-#pragma unroll
-        for (int nt = 4 * pass; nt < 4 * pass + 4; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; e += 2) {
-            const int i = row_of(e), j = 64 * half + col(nt, e);
-            const float2 x =
-                unpack2<In>(*reinterpret_cast<const std::uint32_t*>(vs + i * kLdH + j));
-            const int sr = g + 8 * (e / 2);  // 16-byte pieces swizzled: no bank conflicts
-            stage[sr * 16 + 4 * ((nt % 4) ^ (sr / 2 % 4)) + c / 2] =
-                pack2<In>(beta[i] * dr[nt][e], beta[i] * dr[nt][e + 1]);
-            vd[nt][e] = x.x, vd[nt][e + 1] = x.y;
-          }
-        __syncwarp();
-#pragma unroll
-        for (int k = 0; k < 2; ++k) {
-          const int r = lane / 4 + 8 * k, piece = lane % 4, i = r0 + r;
-          if (i < len)
-            *reinterpret_cast<uint4*>(dv + static_cast<long long>(i) * p.HV * kD + 64 * half +
-                                      32 * pass + 8 * piece) =
-                *reinterpret_cast<const uint4*>(stage + r * 16 + 4 * (piece ^ (r / 2 % 4)));
-        }
-        __syncwarp();
-      }
+      for (int pass = 0; pass < 2; ++pass)
+        store_pass(
+            stage, pass, r0, len,
+            [&](int nt, int e) {
+              const int i = row_of(e), j = 64 * half + col(nt, e);
+              const float2 x =
+                  unpack2<In>(*reinterpret_cast<const std::uint32_t*>(vs + i * kLdH + j));
+              vd[nt][e] = x.x, vd[nt][e + 1] = x.y;
+              return pack2<In>(beta[i] * dr[nt][e], beta[i] * dr[nt][e + 1]);
+            },
+            [&](int i) { return dv + static_cast<long long>(i) * p.HV * kD + 64 * half; });
       add_row_sums(
           db, r0, dr, [&](int nt, int e) { return vd[nt][e]; }, 1.0f, 1.0f);
     }
@@ -635,28 +650,34 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
     }
     __syncthreads();
   }
+  // Stored through each warp's 1 KB of the S^T tile (free once the last value head is done).
+  std::uint32_t* stage = reinterpret_cast<std::uint32_t*>(hs) + warp * 256;
 #pragma unroll
   for (int which = 0; which < 2; ++which) {
     const Acc* d = which ? dk : dq;
     In* out = static_cast<In*>(which ? p.dk : p.dq);
+    float dot[2], r[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int i = i_lo + 8 * h;
-      if (i >= len) continue;
-      const float dot = p.l2norm ? dots[2 * which * kC + i] + dots[(2 * which + 1) * kC + i] : 0.0f;
-      const float r = p.l2norm ? rs[which * kC + i] : 1.0f;
-      const long long at = (row + static_cast<long long>(i) * p.HK) * kD;
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
-        float d0 = d[nt][2 * h], d1 = d[nt][2 * h + 1];
-        if (p.l2norm) {
-          const float2 xp = x[which][h][nt];
-          d0 = r * (d0 - xp.x * r * dot);
-          d1 = r * (d1 - xp.y * r * dot);
-        }
-        *reinterpret_cast<std::uint32_t*>(out + at + 64 * half + 8 * nt + c) = pack2<In>(d0, d1);
-      }
+      dot[h] = p.l2norm ? dots[2 * which * kC + i] + dots[(2 * which + 1) * kC + i] : 0.0f;
+      r[h] = p.l2norm ? rs[which * kC + i] : 1.0f;
     }
+#pragma unroll
+    for (int pass = 0; pass < 2; ++pass)
+      store_pass(
+          stage, pass, r0, len,
+          [&](int nt, int e) {
+            const int h = e / 2;
+            float d0 = d[nt][e], d1 = d[nt][e + 1];
+            if (p.l2norm) {
+              const float2 xp = x[which][h][nt];
+              d0 = r[h] * (d0 - xp.x * r[h] * dot[h]);
+              d1 = r[h] * (d1 - xp.y * r[h] * dot[h]);
+            }
+            return pack2<In>(d0, d1);
+          },
+          [&](int i) { return out + (row + static_cast<long long>(i) * p.HK) * kD + 64 * half; });
   }
 }
 
@@ -667,8 +688,7 @@ void launch_grad_chunk(const Params& p, cudaStream_t stream) {
   auto kernel = grad_chunk_kernel<In>;
   GDN_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, GradSmem::bytes));
-  kernel<<<dim3(p.round_slots, p.HK), kThreads, GradSmem::bytes, stream>>>(p);
-  GDN_CUDA_CHECK_LAUNCH();
+  launch_dependent(kernel, dim3(p.round_slots, p.HK), kThreads, GradSmem::bytes, stream, p);
 }
 
 template void launch_grad_chunk<bf16>(const Params&, cudaStream_t);

@@ -107,24 +107,28 @@ __device__ inline void mma_tf32(Acc& d, const std::uint32_t (&a)[4], std::uint32
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// The A fragment of k-tile kt (columns 16 kt .. 16 kt + 15) of a 16-row accumulator block,
-// each column j scaled by col_scale(j); with `rest`, in two bf16 parts (pack_bf16_split): a the
-// rounded values, rest what rounding left.
+// The A fragment of k-tile kt (columns 16 kt .. 16 kt + 15) of a 16-row accumulator block, this
+// lane's columns 16 kt + c, + 1 (c = 2 (lane % 4)) scaled by s0, and the two 8 on by s8; with
+// `rest`, in two bf16 parts (pack_bf16_split): a the rounded values, rest what rounding left.
+__device__ inline void acc_to_a(std::uint32_t (&a)[4], const Acc* acc, int kt, float2 s0, float2 s8,
+                                std::uint32_t* rest = nullptr) {
+  const float* lo = acc[2 * kt];
+  const float* hi = acc[2 * kt + 1];
+  const float x[4][2] = {{lo[0] * s0.x, lo[1] * s0.y},
+                         {lo[2] * s0.x, lo[3] * s0.y},
+                         {hi[0] * s8.x, hi[1] * s8.y},
+                         {hi[2] * s8.x, hi[3] * s8.y}};
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    a[i] = rest ? pack_bf16_split(x[i][0], x[i][1], rest[i]) : pack_bf16(x[i][0], x[i][1]);
+}
+// As above, each column j scaled by col_scale(j).
 template <typename Scale>
 __device__ inline void acc_to_a(std::uint32_t (&a)[4], const Acc* acc, int kt, Scale col_scale,
                                 std::uint32_t* rest = nullptr) {
   const int c = 2 * (threadIdx.x % 4) + 16 * kt;
-  const float s0 = col_scale(c), s1 = col_scale(c + 1), s8 = col_scale(c + 8),
-              s9 = col_scale(c + 9);
-  const float* lo = acc[2 * kt];
-  const float* hi = acc[2 * kt + 1];
-  const float x[4][2] = {{lo[0] * s0, lo[1] * s1},
-                         {lo[2] * s0, lo[3] * s1},
-                         {hi[0] * s8, hi[1] * s9},
-                         {hi[2] * s8, hi[3] * s9}};
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-    a[i] = rest ? pack_bf16_split(x[i][0], x[i][1], rest[i]) : pack_bf16(x[i][0], x[i][1]);
+  acc_to_a(a, acc, kt, float2{col_scale(c), col_scale(c + 1)},
+           float2{col_scale(c + 8), col_scale(c + 9)}, rest);
 }
 
 // Lane addresses into a row-major 16-bit tile `base` (row stride ld elements):

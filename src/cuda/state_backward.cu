@@ -12,6 +12,7 @@
 // dS_start = M_k^T dS_end + D_k, in seg_dlocal; fold.cu composes them).
 #include "cuda/check.h"
 #include "cuda/kernels.h"
+#include "cuda/launch.cuh"
 #include "cuda/state_pass.cuh"
 
 namespace gdn::cuda {
@@ -21,6 +22,7 @@ using namespace state_pass;
 
 template <typename In, bool kSummary>
 __global__ void __launch_bounds__(kThreads, 1) state_backward_kernel(Params p) {
+  begin_dependent();  // launch.cuh
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int hv = blockIdx.x, hk = hv / (p.HV / p.HK), vw = 16 * warp;
   // The chunk slots this block runs, in reverse: a summary's segment, else its walk in this
@@ -110,37 +112,49 @@ __global__ void __launch_bounds__(kThreads, 1) state_backward_kernel(Params p) {
       wgmma_fence();
       wgmma_kn(u, oa, t.pm, kC, false);
       wgmma_commit();
+      // The vectors of the epilogues ahead, read while the products run (chain-trim: only the
+      // products' own epilogues lie between a wait and the next product).
+      float2 fk[8];
+      lane_columns(fk, t.fk);
+      const float gamma = t.e[kC - 1];
       wgmma_wait<0>();
       fence_acc(dvn);
       fence_acc(u);
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) dvn[nt][e] = dvn[nt][e] * t.fk[8 * nt + c + e % 2] + u[nt][e];
+      for (int nt = 0; nt < 8; ++nt) {
+        dvn[nt][0] = dvn[nt][0] * fk[nt].x + u[nt][0];
+        dvn[nt][1] = dvn[nt][1] * fk[nt].y + u[nt][1];
+        dvn[nt][2] = dvn[nt][2] * fk[nt].x + u[nt][2];
+        dvn[nt][3] = dvn[nt][3] * fk[nt].y + u[nt][3];
+      }
 
       // Y = dVn^T A, then dS^T = gamma dS^T + (dO^T diag(scale e)) Q - (Y diag(beta e)) K (the
-      // Q term, two wgmma for the two parts, runs while dVn is stored and Y scaled).
+      // decay and the Q term, two wgmma for the two parts, run while Y does, dVn is stored).
       std::uint32_t na[4][4];
 #pragma unroll
       for (int kt = 0; kt < 4; ++kt) acc_to_a(na[kt], dvn, kt, [](int) { return 1.0f; });
-      const float gamma = t.e[kC - 1];
-#pragma unroll
-      for (int nt = 0; nt < 16; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) dS[nt][e] *= gamma;
       Acc y[8];
       wgmma_fence();
       wgmma_kn(y, na, t.a, kC, false);
       wgmma_commit();
+#pragma unroll
+      for (int nt = 0; nt < 16; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dS[nt][e] *= gamma;
+      wgmma_fence();
       wgmma_kn(dS, sa, t.q, kC, true);
       wgmma_kn(dS, sl, t.q, kC, true);
       wgmma_commit();
       if constexpr (!kSummary) store_tokens<bf16>(dvn, staging, p.dvn + s * kC * kD + vw, kD, kC);
+      float2 bek[8];
+      lane_columns(bek, t.bek);
       wgmma_wait<1>();
       fence_acc(y);
       std::uint32_t ya[4][4];
 #pragma unroll
-      for (int kt = 0; kt < 4; ++kt) acc_to_a(ya[kt], y, kt, [&](int j) { return -t.bek[j]; });
+      for (int kt = 0; kt < 4; ++kt)
+        acc_to_a(ya[kt], y, kt, float2{-bek[2 * kt].x, -bek[2 * kt].y},
+                 float2{-bek[2 * kt + 1].x, -bek[2 * kt + 1].y});
       wgmma_fence();
       wgmma_kn(dS, ya, t.k, kC, true);
       wgmma_commit();
@@ -170,9 +184,8 @@ void launch_state_backward(const Params& p, cudaStream_t stream) {
   auto kernel = state_backward_kernel<In, kSummary>;
   GDN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       Ring<kBackwardStages>::smem_bytes));
-  kernel<<<dim3(p.HV, kSummary ? p.N * p.seg_count : round_blocks(p)), kThreads,
-           Ring<kBackwardStages>::smem_bytes, stream>>>(p);
-  GDN_CUDA_CHECK_LAUNCH();
+  launch_dependent(kernel, dim3(p.HV, kSummary ? p.N * p.seg_count : round_blocks(p)), kThreads,
+                   Ring<kBackwardStages>::smem_bytes, stream, p);
 }
 
 template void launch_state_backward<bf16, false>(const Params&, cudaStream_t);

@@ -19,6 +19,7 @@
 // that they start first and the shorter parts fill in around them. fold.cu composes them.
 #include "cuda/check.h"
 #include "cuda/kernels.h"
+#include "cuda/launch.cuh"
 #include "cuda/state_pass.cuh"
 
 namespace gdn::cuda {
@@ -33,13 +34,14 @@ constexpr int ring_stages(Pass pass) {
 
 template <typename In, Pass kPass>
 __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
+  begin_dependent();  // launch.cuh
   constexpr bool kOutput = kPass == Pass::output || kPass == Pass::save;
   constexpr bool kStates = kPass == Pass::save || kPass == Pass::recompute;  // h, Vn
   constexpr bool kRoundStates = kPass == Pass::output || kPass == Pass::states;
   constexpr bool kRound = kPass == Pass::recompute;  // one round's chunks
   constexpr bool kSummary = kPass == Pass::summary;
   constexpr int kStages = ring_stages(kPass);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
   const int hv = blockIdx.x, hk = hv / (p.HV / p.HK), vw = 16 * warp;
   // The chunk slots this block runs: a summary's segment (or a part of its transfer), else its
   // walk (state_pass.cuh).
@@ -57,7 +59,6 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
     if (w.begin >= w.end) return;
   }
   const int chunks = w.end - w.begin;
-  const int c = 2 * (lane % 4);  // this lane's first column within an 8-column tile
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* smem = align_1024(smem_raw);
   [[maybe_unused]] bf16* staging =
@@ -142,6 +143,14 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
       }
       prefetch_chunk(i + kStages - 1);
       if constexpr (kStates) store_state_t(p.h + s * kD * kD, vw, sa, staging);
+      // The chunk's vectors and V, read while K S runs (chain-trim: only the products' own
+      // epilogues lie between a wait and the next product).
+      std::uint32_t v[4][4];  // V^T's A fragments, 16-bit
+      float2 ek[8], beta[8];
+#pragma unroll
+      for (int kt = 0; kt < 4; ++kt) load_slice_t(v[kt], t.v, kt);
+      lane_columns(ek, t.ek);
+      lane_columns(beta, t.beta);
       wgmma_wait<kOutput ? 1 : 0>();
       fence_acc(ks);
 
@@ -151,55 +160,57 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
       std::uint32_t xa[4][4], xl[4][4];
 #pragma unroll
       for (int kt = 0; kt < 4; ++kt) {
-        float2 v[4];
-        load_slice_t<In>(v, t.v, kt);
-        const int c0 = 16 * kt + c, c8 = c0 + 8;
-        const float e0 = t.ek[c0], e1 = t.ek[c0 + 1], e8 = t.ek[c8], e9 = t.ek[c8 + 1];
-        const float b0 = t.beta[c0], b1 = t.beta[c0 + 1], b8 = t.beta[c8], b9 = t.beta[c8 + 1];
+        const float2 e0 = ek[2 * kt], e8 = ek[2 * kt + 1], b0 = beta[2 * kt], b8 = beta[2 * kt + 1];
         const float* lo = ks[2 * kt];
         const float* hi = ks[2 * kt + 1];
-        xa[kt][0] =
-            pack_bf16_split(b0 * (v[0].x - e0 * lo[0]), b1 * (v[0].y - e1 * lo[1]), xl[kt][0]);
-        xa[kt][1] =
-            pack_bf16_split(b0 * (v[1].x - e0 * lo[2]), b1 * (v[1].y - e1 * lo[3]), xl[kt][1]);
-        xa[kt][2] =
-            pack_bf16_split(b8 * (v[2].x - e8 * hi[0]), b9 * (v[2].y - e9 * hi[1]), xl[kt][2]);
-        xa[kt][3] =
-            pack_bf16_split(b8 * (v[3].x - e8 * hi[2]), b9 * (v[3].y - e9 * hi[3]), xl[kt][3]);
+        const float2 w[4] = {unpack2<In>(v[kt][0]), unpack2<In>(v[kt][1]), unpack2<In>(v[kt][2]),
+                             unpack2<In>(v[kt][3])};
+        xa[kt][0] = pack_bf16_split(b0.x * (w[0].x - e0.x * lo[0]), b0.y * (w[0].y - e0.y * lo[1]),
+                                    xl[kt][0]);
+        xa[kt][1] = pack_bf16_split(b0.x * (w[1].x - e0.x * lo[2]), b0.y * (w[1].y - e0.y * lo[3]),
+                                    xl[kt][1]);
+        xa[kt][2] = pack_bf16_split(b8.x * (w[2].x - e8.x * hi[0]), b8.y * (w[2].y - e8.y * hi[1]),
+                                    xl[kt][2]);
+        xa[kt][3] = pack_bf16_split(b8.x * (w[3].x - e8.x * hi[2]), b8.y * (w[3].y - e8.y * hi[3]),
+                                    xl[kt][3]);
       }
 
-      // Vn^T = X^T diag(beta) A^T.
+      // Vn^T = X^T diag(beta) A^T; the state decays (S *= gamma) while it runs.
+      const float gamma = t.e[kC - 1];
       Acc vn[8];
       wgmma_fence();
       wgmma_nk(vn, xa, t.a, false);
       wgmma_nk(vn, xl, t.a, true);
       wgmma_commit();
+#pragma unroll
+      for (int nt = 0; nt < 16; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) S[nt][e] *= gamma;
+      float2 fk[8];
+      lane_columns(fk, t.fk);
       wgmma_wait<0>();
       fence_acc(vn);
-
-      if constexpr (kOutput) {
-        fence_acc(qs);
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) qs[nt][e] *= p.scale * t.eq[8 * nt + c + e % 2];
-      }
 
       // S^T = gamma S^T + (Vn^T diag(f)) K, K as an MN-major tile: issued first, so that the next
       // chunk waits on it alone.
       std::uint32_t fa[4][4];
 #pragma unroll
-      for (int kt = 0; kt < 4; ++kt) acc_to_a(fa[kt], vn, kt, [&](int j) { return t.fk[j]; });
-      const float gamma = t.e[kC - 1];
-#pragma unroll
-      for (int nt = 0; nt < 16; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) S[nt][e] *= gamma;
+      for (int kt = 0; kt < 4; ++kt) acc_to_a(fa[kt], vn, kt, fk[2 * kt], fk[2 * kt + 1]);
       wgmma_fence();
       wgmma_kn(S, fa, t.k, kC, true);
       wgmma_commit();
 
       if constexpr (kOutput) {  // O^T = (Q S)^T diag(scale e) + Vn^T P^T, stored next chunk
+        float2 eq[8];
+        lane_columns(eq, t.eq);
+        fence_acc(qs);
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+          qs[nt][0] *= p.scale * eq[nt].x;
+          qs[nt][1] *= p.scale * eq[nt].y;
+          qs[nt][2] *= p.scale * eq[nt].x;
+          qs[nt][3] *= p.scale * eq[nt].y;
+        }
         std::uint32_t va[4][4], vl[4][4];  // Vn in two parts, as X (off the state's chain)
 #pragma unroll
         for (int kt = 0; kt < 4; ++kt)
@@ -246,8 +257,7 @@ void launch_state_forward(const Params& p, cudaStream_t stream) {
   const int blocks = kPass == Pass::recompute ? round_blocks(p)
                      : kPass == Pass::summary ? segments
                                               : (segments + p.seg_group - 1) / p.seg_group;
-  kernel<<<dim3(p.HV, blocks, kinds), kThreads, smem, stream>>>(p);
-  GDN_CUDA_CHECK_LAUNCH();
+  launch_dependent(kernel, dim3(p.HV, blocks, kinds), kThreads, smem, stream, p);
 }
 
 template void launch_state_forward<bf16, Pass::output>(const Params&, cudaStream_t);

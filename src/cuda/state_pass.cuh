@@ -248,6 +248,16 @@ __device__ inline void release(const Pipeline<kN>& pipe, int i) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(pipe.empty(i % kN)) : "memory");
 }
 
+// This lane's entries of a 64-long vector for the 8 column tiles of an accumulator block: f[nt]
+// holds columns 8 nt + c, + 1 (c = 2 (lane % 4)). Read ahead of the wgmma wait whose product they
+// scale: the wait is a memory barrier to the compiler, which would otherwise load them after it,
+// on the chain.
+__device__ inline void lane_columns(float2 (&f)[8], const float* v) {
+  const int c = 2 * (threadIdx.x % 4);
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt) f[nt] = *reinterpret_cast<const float2*>(v + 8 * nt + c);
+}
+
 // The A fragments of this warp's 16 x 128 state slice (acc) rounded to bf16.
 __device__ inline void state_to_a(std::uint32_t (&sa)[8][4], const Acc (&acc)[16]) {
 #pragma unroll
@@ -326,13 +336,17 @@ __device__ inline void store_tokens(const Acc (&x)[8], bf16* staging, T* dst, lo
   __syncwarp();
 }
 
-// The A fragments of this warp's V^T (or dO^T) for k-tile kt, as f32 pairs: v[0] (row g,
-// cols c, c+1), v[1] (row g + 8), v[2] (row g, cols c + 8, c + 9), v[3] (row g + 8, ...).
+// The A fragments of this warp's V^T (or dO^T) for k-tile kt, as 16-bit pairs: r[0] (row g,
+// cols c, c+1), r[1] (row g + 8), r[2] (row g, cols c + 8, c + 9), r[3] (row g + 8, ...).
+__device__ inline void load_slice_t(std::uint32_t (&r)[4], const void* slice, int kt) {
+  ldmatrix_x4_trans(
+      r, a_rows_km(static_cast<const bf16*>(slice), kLdH, 16 * (threadIdx.x / 32), 16 * kt));
+}
+// The same as f32 pairs.
 template <typename In>
 __device__ inline void load_slice_t(float2 (&v)[4], const void* slice, int kt) {
   std::uint32_t r[4];
-  ldmatrix_x4_trans(
-      r, a_rows_km(static_cast<const bf16*>(slice), kLdH, 16 * (threadIdx.x / 32), 16 * kt));
+  load_slice_t(r, slice, kt);
 #pragma unroll
   for (int i = 0; i < 4; ++i) v[i] = unpack2<In>(r[i]);
 }
