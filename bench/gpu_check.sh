@@ -125,7 +125,7 @@ for stage in $stages; do
           timeout "${GDN_TEST_TIMEOUT:-240}" "$program" --gtest_filter="$filter" >"$log" 2>&1
           status=$?
           echo "$name $(basename "$program") ($filter): exit $status in $((SECONDS - start)) s;" \
-            "passed $(grep -cE '^\[       OK' "$log"), failed $(grep -cE '^\[  FAILED  \].*\(' \
+            "passed $(grep -cE '^\[       OK' "$log"), failed $(grep -cE '^\[  FAILED  \].* ms\)$' \
             "$log"), skipped $(grep -cE '^\[  SKIPPED \]' "$log")"
           grep -E "^\[  FAILED  \].*\(|Failure|errors" "$log" | head -8
         done
