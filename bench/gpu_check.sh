@@ -127,7 +127,7 @@ for stage in $stages; do
           echo "$name $(basename "$program") ($filter): exit $status in $((SECONDS - start)) s;" \
             "passed $(grep -cE '^\[       OK' "$log"), failed $(grep -cE '^\[  FAILED  \].* ms\)$' \
             "$log"), skipped $(grep -cE '^\[  SKIPPED \]' "$log")"
-          grep -E "^\[  FAILED  \].*\(|Failure|errors" "$log" | head -8
+          grep -E "^\[  FAILED  \].* ms\)$|Failure|errors" "$log" | head -8
         done
       done ;;
     accuracy)  # every output against float64, gdn and its peers on the same inputs (a fresh
