@@ -44,10 +44,13 @@ __global__ void __launch_bounds__(kThreads, 1) state_backward_kernel(Params p) {
       reinterpret_cast<bf16*>(smem + Ring<kBackwardStages>::staging) + warp * kC * kLdO;
   const auto pipe = pipeline<kBackwardStages>(smem);
   __syncthreads();
-  auto prefetch_step = [&](int step) {  // step 0 is the last chunk
+  // The table entry of the chunk of `step` (step 0 is the last chunk; none past the first).
+  auto info_at = [&](int step) { return step < chunks ? p.chunks[w.end - 1 - step] : ChunkInfo{}; };
+  auto prefetch_step = [&](int step, const ChunkInfo& info) {
     if (step < chunks)
-      fill(pipe, step,
-           [&](int buf) { prefetch(p, smem, buf, w.end - 1 - step, hv, hk, true, true, p.d_o); });
+      fill(pipe, step, [&](int buf) {
+        prefetch(p, smem, buf, w.end - 1 - step, info, hv, hk, true, true, p.d_o);
+      });
   };
   // The state gradient leaving a segment's last chunk here, slot cid (a summary's from zero but
   // for a sequence's last segment).
@@ -65,7 +68,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_backward_kernel(Params p) {
   };
 
   Acc dS[16];
-  for (int step = 0; step < kBackwardStages - 1; ++step) prefetch_step(step);
+  for (int step = 0; step < kBackwardStages - 1; ++step) prefetch_step(step, info_at(step));
   // A segment at a time, from its last chunk here (top) down to its first here (bottom); the
   // pipeline runs on across them.
   for (int step = 0; step < chunks;) {
@@ -75,6 +78,9 @@ __global__ void __launch_bounds__(kThreads, 1) state_backward_kernel(Params p) {
     const int z = at.z, bottom = max(w.begin, segment_start(p, z));
     leaving(dS, z, info, at.local, top);
     for (const int end = step + top - bottom + 1; step < end; ++step) {
+      // The table entry of the chunk whose tiles this step issues, loaded before the tile wait
+      // (state_pass.cuh: prefetch).
+      const ChunkInfo ahead = info_at(step + kBackwardStages - 1);
       wait_tiles(pipe, step);
       const Tiles t = tiles(smem, step % kBackwardStages);
       [[maybe_unused]] const long long s = slot(p, w.place + chunks - 1 - step, hv);  // dh, dVn
@@ -88,7 +94,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_backward_kernel(Params p) {
       wgmma_fence();
       wgmma_nk(dvn, da, t.k, false);
       wgmma_commit();
-      prefetch_step(step + kBackwardStages - 1);
+      prefetch_step(step + kBackwardStages - 1, ahead);
       if constexpr (!kSummary) store_state_t(p.dh + s * kD * kD, vw, da, staging);  // meanwhile
       // dO^T, and dO^T diag(scale e) in two bf16 parts (sa + sl, pack_bf16_split): rounding it to
       // bf16 once cost 30% of dh0's accuracy under strong gates (bench/rounding.py).

@@ -70,10 +70,13 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
     }
   const auto pipe = pipeline<kStages>(smem);
   __syncthreads();
-  auto prefetch_chunk = [&](int i) {
+  // The table entry of the walk's chunk i (none past its end).
+  auto info_at = [&](int i) { return i < chunks ? p.chunks[w.begin + i] : ChunkInfo{}; };
+  auto prefetch_chunk = [&](int i, const ChunkInfo& info) {
     if (i < chunks)
       fill(pipe, i, [&](int buf) {
-        prefetch(p, smem, buf, w.begin + i, hv, hk, kOutput, kOutput, transfer ? nullptr : p.v);
+        prefetch(p, smem, buf, w.begin + i, info, hv, hk, kOutput, kOutput,
+                 transfer ? nullptr : p.v);
       });
   };
   // The state entering a segment's first chunk here (at `local` > 0: a round after its first).
@@ -96,12 +99,11 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
   // O of chunk i is stored during chunk i + 1 (after that chunk's K S is issued), and its
   // buffer, whose P the product of O reads, is released then.
   [[maybe_unused]] Acc qs[8];
-  [[maybe_unused]] auto store_o = [&](int i) {
-    const ChunkInfo info = p.chunks[w.begin + i];
+  [[maybe_unused]] auto store_o = [&](const ChunkInfo& info) {
     In* o = static_cast<In*>(p.o) + v_row(p, info.b, info.t0, hv) * kD + vw;
     store_tokens<In>(qs, staging, o, static_cast<long long>(p.HV) * kD, info.len);
   };
-  for (int i = 0; i < kStages - 1; ++i) prefetch_chunk(i);
+  for (int i = 0; i < kStages - 1; ++i) prefetch_chunk(i, info_at(i));
   std::uint32_t sa[8][4];    // the state entering chunk i, as bf16 A fragments
   if constexpr (kSummary) {  // one segment (a transfer part may have no chunks)
     entering(S, z, 0, w.begin);
@@ -119,6 +121,10 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
     const int end = min(chunks, segment_start(p, z + 1) - w.begin);
     for (; i < end; ++i) {
       const int cid = w.begin + i, local = at.local + (cid - start);
+      // The table entries of the chunk whose tiles this step issues and of the one whose O it
+      // stores, loaded before the tile wait so that their latency passes during it and K S.
+      const ChunkInfo ahead = info_at(i + kStages - 1);
+      [[maybe_unused]] const ChunkInfo done = kOutput && i > 0 ? info_at(i - 1) : ChunkInfo{};
       if constexpr (kRoundStates)
         if (p.round_state && round_starts(p, cid, local))
           store_state(boundary_matrix(p.round_state, p, boundary(p, cid, local, z), hv), vw, S);
@@ -134,14 +140,14 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
       if constexpr (kOutput) {
         wgmma_wait<1>();  // K S may run on: marks qs as not in flight
         if (i > 0) {      // the previous chunk's O, stored while K S runs
-          store_o(i - 1);
+          store_o(done);
           release(pipe, i - 1);
         }
         wgmma_fence();
         wgmma_nk(qs, sa, t.q, false);
         wgmma_commit();
       }
-      prefetch_chunk(i + kStages - 1);
+      prefetch_chunk(i + kStages - 1, ahead);
       if constexpr (kStates) store_state_t(p.h + s * kD * kD, vw, sa, staging);
       // The chunk's vectors and V, read while K S runs (chain-trim: only the products' own
       // epilogues lie between a wait and the next product).
@@ -235,7 +241,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
     if (kOutput && p.ht && ends_sequence(p, p.chunks[w.begin + end - 1]))
       store_state(sequence_matrix(p.ht, p, z / p.seg_count, hv), vw, S);
   }
-  if constexpr (kOutput) store_o(chunks - 1);
+  if constexpr (kOutput) store_o(info_at(chunks - 1));
   if constexpr (kSummary) {
     const Segment seg = segment(p, z);
     store_state(transfer                       ? transfer_matrix(p, z, part, hv)

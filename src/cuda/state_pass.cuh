@@ -154,13 +154,16 @@ __device__ inline Tiles tiles(const unsigned char* smem, int buf) {
 }
 
 // Issues the copies of chunk slot `cid`'s tiles into buffer `buf` (no commit): K always, Q, P
-// and the rows of `slice` ([B, T, HV, 128] 16-bit: V or dO) when given. Thread t copies piece
-// t % 16 of rows t / 16 + 16 j of the 128-wide tiles and piece t % 8 of rows t / 8 + 32 j of the
-// 64-wide ones: rows 8 apart share a swizzle, so only the chunk's base addresses change. hk:
-// hv's key head (the block's, computed once: two integer divisions a chunk were ~45 instructions).
-__device__ inline void prefetch(const Params& p, unsigned char* smem, int buf, int cid, int hv,
-                                int hk, bool with_q, bool with_p, const void* slice) {
-  const ChunkInfo info = p.chunks[cid];
+// and the rows of `slice` ([B, T, HV, 128] 16-bit: V or dO) when given. info is p.chunks[cid],
+// which the passes load at the top of the step, before its tile wait (info_at): loaded here, its
+// latency was a tenth of the save pass's stall samples, in the middle of the chain (the forward
+// 2-3% faster so, bench/RESULTS.md thirty-second session). Thread t copies piece t % 16 of rows
+// t / 16 + 16 j of the 128-wide tiles and piece t % 8 of rows t / 8 + 32 j of the 64-wide ones:
+// rows 8 apart share a swizzle, so only the chunk's base addresses change. hk: hv's key head (the
+// block's, computed once: two integer divisions a chunk were ~45 instructions).
+__device__ inline void prefetch(const Params& p, unsigned char* smem, int buf, int cid,
+                                const ChunkInfo& info, int hv, int hk, bool with_q, bool with_p,
+                                const void* slice) {
   const long long s = slot(p, cid, hv);
   unsigned char* base = smem + buf * Stage::bytes;
   const int tid = threadIdx.x;
