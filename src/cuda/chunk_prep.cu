@@ -65,11 +65,11 @@ __device__ inline void invert_unit_lower(const float* l, const bf16* lb, bf16* a
     const int b = tid / 16, c = tid % 16, o = 16 * b;
     float col[16];
 #pragma unroll
-    for (int r = 0; r < 16; ++r) {
-      float sum = r == c ? 1.0f : 0.0f;
+    for (int r = 0; r < 16; ++r) {  // four partial sums: a row's chain of r products in r / 4
+      float sum[4] = {r == c ? 1.0f : 0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-      for (int j = 0; j < r; ++j) sum -= l[b * kLdDiag + 16 * r + j] * col[j];
-      col[r] = sum;
+      for (int j = 0; j < r; ++j) sum[j % 4] -= l[b * kLdDiag + 16 * r + j] * col[j];
+      col[r] = (sum[0] + sum[1]) + (sum[2] + sum[3]);
     }
 #pragma unroll
     for (int r = 0; r < 16; ++r) ab[(o + r) * kLdH64 + o + c] = from_float<bf16>(col[r]);
