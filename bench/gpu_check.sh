@@ -104,7 +104,8 @@ for stage in $stages; do
               sed -E 's/ \(([0-9.]+) TFLOP[^,]*, /(/g; s/ \| inputs.*//; s/workspaces? //g')"
           done
         done
-      done | tee "$out/ab.log" ;;
+      done | tee "$out/ab.log"
+      python3 bench/ab_table.py "$out/ab.log" "${programs%% *}" ;;
     variants)  # the test programs staged beside each variant (gpu_stage.sh GDN_VARIANT_TESTS),
       # each under a timeout (a protocol bug hangs): GDN_TEST_PROGRAMS lists NAME or
       # NAME=GTEST_FILTER (new: this build's test_cuda_delta_rule; others: .device/NAME/ or
