@@ -20,6 +20,10 @@ def shape(text):
     return text.replace("B=1 ", "") if text.startswith("B=1 ") else text
 
 
+def mean(xs):
+    return sum(xs) / len(xs)
+
+
 def main():
     path = sys.argv[1]
     base = sys.argv[2] if len(sys.argv) > 2 else "base"
@@ -50,7 +54,6 @@ def main():
     if base not in runs:
         return
     print()
-    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
     for program, by_row in runs.items():
         if program == base:
             continue
