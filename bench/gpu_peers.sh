@@ -7,6 +7,9 @@
 # that a later machine skips the peers' compilation and autotuning (TileLang's took 490 s on a
 # fresh H200, Triton's 450 s); GDN_PEERS_TIMEOUT=S stops peers.py after S seconds, so that the
 # caches still come back; GDN_PEERS_RUNNER runs peers.py under a command (ncu for `--part profile`).
+# site.txz (45 MB) and the TileLang cache (4 MB) fit one call's 64 MiB carry, Triton's (22 MB)
+# does not: carry those two with `--peers gdn,flashqla,transformers`, then, while the machine is
+# warm (/tmp stays), .peers/triton.tgz.* alone with `--peers fla`.
 set -uo pipefail
 out="${OUT:-$PWD/gpu-logs}"
 mkdir -p "$out" /tmp/kernel-cache
