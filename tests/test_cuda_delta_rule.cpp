@@ -225,6 +225,17 @@ TEST(CudaDeltaRule, TransferParts) {
   check_problem(base(8192, 1, 2), true, true, true, nullptr, nullptr, 16);
   check_problem(base(20480, 1, 2), false, false, true, nullptr, nullptr, 16);
 }
+// The training path (a forward saving for its backward) with sequences cut into segments and the
+// backward in rounds: 16 copies of one head group (32 value heads) at T=20480 make 4 segments of
+// 80 chunks and 2 rounds of 40 on 132 SMs, so that the forward keeps the states entering the
+// rounds, the backward's summary composes the segments and each round starts inside them.
+TEST(CudaDeltaRule, TrainingWithSegmentsInRounds) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const cuda::SegmentPlan seg = cuda::plan_segments(32, 20480 / 64, false, true, multiprocessors());
+  EXPECT_GT(seg.count, 1);
+  EXPECT_GT(cuda::plan_rounds(seg.count, seg.length, 20480 / 64, 32).count, 1);
+  check_problem(base(20480, 1, 2), true, true, true, nullptr, nullptr, 16);
+}
 // The folds' blocks take 8, 16 or 32 columns of the state (segments.h: fold_tiles), by how many
 // sequences x value heads there are to fill the GPU: one problem at T=8192 on copies of its head
 // group for each width, each cut into at least three segments so that the folds run steps.
