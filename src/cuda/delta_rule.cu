@@ -419,6 +419,11 @@ void finish_forward(const Call& c, bool save) {
     cuda::launch_state_forward<In, cuda::Pass::output>(c.p, c.stream);
 }
 
+// Whether the backward's summary runs with the last round's recompute beside it (kernels.h).
+bool shares_summary(const Call& c) {
+  return (c.p.seg_count > 1 || c.p.enters) && recomputes(c.saved, c.p.rounds);
+}
+
 template <typename In>
 void summarize_backward(const Call& c) {
   if (!c.reuse) {
@@ -429,16 +434,22 @@ void summarize_backward(const Call& c) {
   }
   if (!c.saved && c.p.rounds > 1)  // the states entering the rounds
     cuda::launch_state_forward<In, cuda::Pass::states>(c.p, c.stream);
-  if (c.p.seg_count > 1 || c.p.enters)  // the gradient offsets D_k
+  if (shares_summary(c)) {  // the gradient offsets D_k and the last round's h, Vn
+    cuda::Params last = c.p;
+    last.round = c.p.rounds - 1;
+    cuda::launch_backward_summary<In>(last, c.stream);
+  } else if (c.p.seg_count > 1 || c.p.enters) {  // the gradient offsets D_k
     cuda::launch_state_backward<In, true>(c.p, c.stream);
+  }
 }
 
 template <typename In>
 void finish_backward(const Call& c) {
   if (has_summaries(c.p)) cuda::launch_fold(c.p, cuda::Fold::grad_states, c.stream);
   cuda::Params round = c.p;
-  for (round.round = c.p.rounds - 1; round.round >= 0; --round.round) {  // the last first
-    if (recomputes(c.saved, c.p.rounds))                                 // h, Vn
+  for (round.round = c.p.rounds - 1; round.round >= 0; --round.round) {    // the last first
+    const bool done = round.round == c.p.rounds - 1 && shares_summary(c);  // h, Vn
+    if (recomputes(c.saved, c.p.rounds) && !done)
       cuda::launch_state_forward<In, cuda::Pass::recompute>(round, c.stream);
     cuda::launch_state_backward<In, false>(round, c.stream);
     cuda::launch_grad_chunk<In>(round, c.stream);

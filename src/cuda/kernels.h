@@ -8,7 +8,8 @@
 // backward: chunk_table, {chunk_prep, [state_forward<summary>, fold<states>]},
 //           (state_forward<states>), [state_backward<summary>, fold<grad_states>],
 //           ((state_forward<recompute>), state_backward, grad_chunk) in rounds, the last first
-//           (params.cuh: rounds; Params::round says which)
+//           (params.cuh: rounds; Params::round says which); with both, the summary and the last
+//           round's recompute in one launch (launch_backward_summary)
 // (the bracketed launches only when sequences are cut into segments, seg_count > 1, or carry
 // states across ranks; the braced ones not when the backward reads the forward's workspace; the
 // states pass only with several rounds and no saving forward, the recompute pass not after a
@@ -44,6 +45,10 @@ void launch_state_forward(const Params& p, cudaStream_t stream);
 // gradient entering each segment from a zero gradient at its end.
 template <typename In, bool kSummary>
 void launch_state_backward(const Params& p, cudaStream_t stream);
+// state_backward's summary and, beside it in the same launch, state_forward's recompute of round
+// p.round = rounds - 1 (which the rounds then skip).
+template <typename In>
+void launch_backward_summary(const Params& p, cudaStream_t stream);
 // Composes the segment summaries (fold.cu says what each fold computes).
 enum class Fold { states, grad_states, map_offset, map_transfer, grad_offset };
 void launch_fold(const Params& p, Fold fold, cudaStream_t stream);

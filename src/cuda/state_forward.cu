@@ -17,9 +17,12 @@
 // part j of the transfer matrix M_k (started from the identity with V = 0, column i of M being the
 // image of e_i), over the part's chunks only (segments.h). The offsets come first in the grid, so
 // that they start first and the shorter parts fill in around them. fold.cu composes them.
+#include <algorithm>
+
 #include "cuda/check.h"
 #include "cuda/kernels.h"
 #include "cuda/launch.cuh"
+#include "cuda/state_backward.cuh"
 #include "cuda/state_pass.cuh"
 
 namespace gdn::cuda {
@@ -32,9 +35,10 @@ constexpr int ring_stages(Pass pass) {
   return pass == Pass::recompute ? kBackwardStages : kForwardStages;
 }
 
+// Block (hv, y, kind) of the pass: value head hv; segment y and kind = 0 (offset) or 1 + j
+// (transfer part j) of a summary, else walk y (of round p.round for the recompute).
 template <typename In, Pass kPass>
-__global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
-  begin_dependent();  // launch.cuh
+__device__ __forceinline__ void state_forward_block(const Params& p, int hv, int y, int kind) {
   constexpr bool kOutput = kPass == Pass::output || kPass == Pass::save;
   constexpr bool kStates = kPass == Pass::save || kPass == Pass::recompute;  // h, Vn
   constexpr bool kRoundStates = kPass == Pass::output || kPass == Pass::states;
@@ -42,20 +46,20 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
   constexpr bool kSummary = kPass == Pass::summary;
   constexpr int kStages = ring_stages(kPass);
   const int warp = threadIdx.x / 32;
-  const int hv = blockIdx.x, hk = hv / (p.HV / p.HK), vw = 16 * warp;
+  const int hk = hv / (p.HV / p.HK), vw = 16 * warp;
   // The chunk slots this block runs: a summary's segment (or a part of its transfer), else its
   // walk (state_pass.cuh).
-  const bool transfer = kSummary && blockIdx.z > 0;
-  const int part = blockIdx.z - 1;
+  const bool transfer = kSummary && kind > 0;
+  const int part = kind - 1;
   Walk w;
   if constexpr (kSummary) {
-    const Segment seg = segment(p, blockIdx.y);
+    const Segment seg = segment(p, y);
     if (seg.chunks <= 0 || !(transfer ? has_transfer(p, seg) : has_offset(p, seg))) return;
     const int skip = transfer ? part * p.part_len : 0;
     const int chunks = transfer ? max(0, min(seg.chunks - skip, p.part_len)) : seg.chunks;
     w = {seg.first + skip, seg.first + skip + chunks, 0};
   } else {
-    w = walk(p, blockIdx.y, kRound);
+    w = walk(p, y, kRound);
     if (w.begin >= w.end) return;
   }
   const int chunks = w.end - w.begin;
@@ -95,7 +99,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
   };
 
   Acc S[16];
-  int z = blockIdx.y;  // the segment of the chunks in flight (a summary's: its block's)
+  int z = y;  // the segment of the chunks in flight (a summary's: its block's)
   // O of chunk i is stored during chunk i + 1 (after that chunk's K S is issued), and its
   // buffer, whose P the product of O reads, is released then.
   [[maybe_unused]] Acc qs[8];
@@ -251,6 +255,27 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
   }
 }
 
+template <typename In, Pass kPass>
+__global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
+  begin_dependent();  // launch.cuh
+  state_forward_block<In, kPass>(p, blockIdx.x, blockIdx.y, blockIdx.z);
+}
+
+// The backward's summary (blockIdx.z = 0: state_backward.cuh, a block a segment) with the
+// recompute of round p.round = rounds - 1 beside it (z = 1): the summary runs the segments with a
+// gradient offset, at four segments a sequence three in four, each a block on an SM for its
+// whole length, and the recompute, which needs only the states entering the rounds, takes the
+// SMs they leave idle.
+template <typename In>
+__global__ void __launch_bounds__(kThreads, 1) backward_summary_kernel(Params p) {
+  begin_dependent();  // launch.cuh
+  if (blockIdx.z == 0) {
+    if (blockIdx.y < p.N * p.seg_count) state_backward_block<In, true>(p, blockIdx.x, blockIdx.y);
+  } else if (blockIdx.y < round_blocks(p)) {
+    state_forward_block<In, Pass::recompute>(p, blockIdx.x, blockIdx.y, 0);
+  }
+}
+
 }  // namespace
 
 template <typename In, Pass kPass>
@@ -266,6 +291,16 @@ void launch_state_forward(const Params& p, cudaStream_t stream) {
   launch_dependent(kernel, dim3(p.HV, blocks, kinds), kThreads, smem, stream, p);
 }
 
+template <typename In>
+void launch_backward_summary(const Params& p, cudaStream_t stream) {
+  auto kernel = backward_summary_kernel<In>;
+  static_assert(ring_stages(Pass::recompute) == kBackwardStages, "the two share shared memory");
+  constexpr int smem = Ring<kBackwardStages>::smem_bytes;
+  GDN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  const int blocks = std::max(p.N * p.seg_count, round_blocks(p));
+  launch_dependent(kernel, dim3(p.HV, blocks, 2), kThreads, smem, stream, p);
+}
+
 template void launch_state_forward<bf16, Pass::output>(const Params&, cudaStream_t);
 template void launch_state_forward<bf16, Pass::save>(const Params&, cudaStream_t);
 template void launch_state_forward<bf16, Pass::states>(const Params&, cudaStream_t);
@@ -276,5 +311,7 @@ template void launch_state_forward<__half, Pass::save>(const Params&, cudaStream
 template void launch_state_forward<__half, Pass::states>(const Params&, cudaStream_t);
 template void launch_state_forward<__half, Pass::recompute>(const Params&, cudaStream_t);
 template void launch_state_forward<__half, Pass::summary>(const Params&, cudaStream_t);
+template void launch_backward_summary<bf16>(const Params&, cudaStream_t);
+template void launch_backward_summary<__half>(const Params&, cudaStream_t);
 
 }  // namespace gdn::cuda
