@@ -10,6 +10,8 @@
 # site.txz (45 MB) and the TileLang cache (4 MB) fit one call's 64 MiB carry, Triton's (22 MB)
 # does not: carry those two with `--peers gdn,flashqla,transformers`, then, while the machine is
 # warm (/tmp stays), .peers/triton.tgz.* alone with `--peers fla`.
+# Two runs in one call (say mixed and long gates) each write peers.log: give each its own OUT,
+# `OUT=$OUT/mixed bash bench/gpu_peers.sh ... --gates mixed; OUT=$OUT/long ... --gates long`.
 set -uo pipefail
 out="${OUT:-$PWD/gpu-logs}"
 mkdir -p "$out" /tmp/kernel-cache
