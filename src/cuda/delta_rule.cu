@@ -419,9 +419,14 @@ void finish_forward(const Call& c, bool save) {
     cuda::launch_state_forward<In, cuda::Pass::output>(c.p, c.stream);
 }
 
+// Whether the backward runs the gradient offsets D_k (a summary of each segment's gradient).
+bool has_grad_offsets(const cuda::Params& p) {
+  return p.seg_count > 1 || p.enters;
+}
+
 // Whether the backward's summary runs with the last round's recompute beside it (kernels.h).
 bool shares_summary(const Call& c) {
-  return (c.p.seg_count > 1 || c.p.enters) && recomputes(c.saved, c.p.rounds);
+  return has_grad_offsets(c.p) && recomputes(c.saved, c.p.rounds);
 }
 
 template <typename In>
@@ -434,13 +439,10 @@ void summarize_backward(const Call& c) {
   }
   if (!c.saved && c.p.rounds > 1)  // the states entering the rounds
     cuda::launch_state_forward<In, cuda::Pass::states>(c.p, c.stream);
-  if (shares_summary(c)) {  // the gradient offsets D_k and the last round's h, Vn
-    cuda::Params last = c.p;
-    last.round = c.p.rounds - 1;
-    cuda::launch_backward_summary<In>(last, c.stream);
-  } else if (c.p.seg_count > 1 || c.p.enters) {  // the gradient offsets D_k
+  if (shares_summary(c))  // the gradient offsets D_k and the last round's h, Vn
+    cuda::launch_backward_summary<In>(c.p, c.stream);
+  else if (has_grad_offsets(c.p))  // the gradient offsets D_k
     cuda::launch_state_backward<In, true>(c.p, c.stream);
-  }
 }
 
 template <typename In>

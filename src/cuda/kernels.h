@@ -45,8 +45,8 @@ void launch_state_forward(const Params& p, cudaStream_t stream);
 // gradient entering each segment from a zero gradient at its end.
 template <typename In, bool kSummary>
 void launch_state_backward(const Params& p, cudaStream_t stream);
-// state_backward's summary and, beside it in the same launch, state_forward's recompute of round
-// p.round = rounds - 1 (which the rounds then skip).
+// state_backward's summary and, beside it in the same launch, state_forward's recompute of the
+// last round, rounds - 1 (which the rounds then skip); p.round is not read.
 template <typename In>
 void launch_backward_summary(const Params& p, cudaStream_t stream);
 // Composes the segment summaries (fold.cu says what each fold computes).

@@ -262,7 +262,7 @@ __global__ void __launch_bounds__(kThreads, 1) state_forward_kernel(Params p) {
 }
 
 // The backward's summary (blockIdx.z = 0: state_backward.cuh, a block a segment) with the
-// recompute of round p.round = rounds - 1 beside it (z = 1): the summary runs the segments with a
+// recompute of round p.round (the last) beside it (z = 1): the summary runs the segments with a
 // gradient offset, at four segments a sequence three in four, each a block on an SM for its
 // whole length, and the recompute, which needs only the states entering the rounds, takes the
 // SMs they leave idle.
@@ -297,8 +297,10 @@ void launch_backward_summary(const Params& p, cudaStream_t stream) {
   static_assert(ring_stages(Pass::recompute) == kBackwardStages, "the two share shared memory");
   constexpr int smem = Ring<kBackwardStages>::smem_bytes;
   GDN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  const int blocks = std::max(p.N * p.seg_count, round_blocks(p));
-  launch_dependent(kernel, dim3(p.HV, blocks, 2), kThreads, smem, stream, p);
+  Params last = p;
+  last.round = p.rounds - 1;
+  const int blocks = std::max(p.N * p.seg_count, round_blocks(last));
+  launch_dependent(kernel, dim3(p.HV, blocks, 2), kThreads, smem, stream, last);
 }
 
 template void launch_state_forward<bf16, Pass::output>(const Params&, cudaStream_t);
