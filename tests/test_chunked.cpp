@@ -284,11 +284,7 @@ TEST(Chunked, NonFiniteInputStaysInItsChunkAndAfter) {
     for (double bad : {std::nan(""), HUGE_VAL}) {
       if (std::string(field) == "g" && bad > 0) continue;  // g <= 0; and g = -inf is a reset
       ProblemData data = clean;
-      HostTensor& x = std::string(field) == "q"   ? data.q
-                      : std::string(field) == "k" ? data.k
-                      : std::string(field) == "v" ? data.v
-                      : std::string(field) == "g" ? data.g
-                                                  : data.beta;
+      HostTensor& x = testing::input_named(data, field);
       core::store(x.ref(), t * (x.numel() / p.T), bad);  // head 0 of token t
       ProblemResults got = run(p, data, Method::chunked, DType::f32);
       const std::string what = fmt::format("{} = {}", field, bad);

@@ -364,11 +364,7 @@ TEST(CudaDeltaRule, NonFiniteInputStaysInItsChunkAndAfter) {
     for (double bad : {std::nan(""), HUGE_VAL}) {
       if (std::string(field) == "g" && bad > 0) continue;  // g <= 0; and g = -inf is a reset
       ProblemData data = clean;
-      HostTensor& x = std::string(field) == "q"   ? data.q
-                      : std::string(field) == "k" ? data.k
-                      : std::string(field) == "v" ? data.v
-                      : std::string(field) == "g" ? data.g
-                                                  : data.beta;
+      HostTensor& x = testing::input_named(data, field);
       core::store(x.ref(), t * (x.numel() / p.T), bad);  // head 0 of token t
       DeviceTensor q(data.q), k(data.k), v(data.v), g(data.g), beta(data.beta),
           h0(data.initial_state), cu(data.cu_seqlens), d_o(data.d_o), dht(data.d_final_state);

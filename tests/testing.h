@@ -34,6 +34,15 @@ inline std::vector<std::pair<std::string, HostTensor*>> named(ProblemResults& r)
   return out;
 }
 
+// The per-token input named q, k, v, g or beta.
+inline HostTensor& input_named(ProblemData& data, const std::string& name) {
+  return name == "q"   ? data.q
+         : name == "k" ? data.k
+         : name == "v" ? data.v
+         : name == "g" ? data.g
+                       : data.beta;
+}
+
 // Relative Frobenius error of every tensor <= tol; on failure, where the largest gap is.
 inline void expect_close(ProblemResults& x, ProblemResults& ref, double tol,
                          const std::string& what = "") {
