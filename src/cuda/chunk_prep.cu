@@ -41,6 +41,20 @@ struct PrepSmem {
 // Four blocks a multiprocessor (16 warps) hide more of each block's latency than three did.
 static_assert(4 * (PrepSmem::bytes + 1024) <= 228 * 1024, "four blocks fit in an SM");
 
+// One exchange of a half-warp's reduce-scatter of 16 sums (kHalf = 8, 4, 2, 1 in turn): the lane
+// keeps sums [0, kHalf), or [kHalf, 2 kHalf) where `upper` (its bit kHalf), adds the other lane's
+// share of them, and holds the results in [0, kHalf). (A template, so that every index is a
+// constant: in a loop over kHalf ptxas put the sums in local memory.)
+template <int kHalf>
+__device__ inline void scatter_step(float (&sum)[16], bool upper) {
+#pragma unroll
+  for (int v = 0; v < kHalf; ++v) {
+    const float keep = upper ? sum[v + kHalf] : sum[v];
+    const float give = upper ? sum[v] : sum[v + kHalf];
+    sum[v] = keep + __shfl_xor_sync(0xffffffffu, give, kHalf);
+  }
+}
+
 // Inclusive cumsums of the 64 values of H (warp 0) and of R (warp 1), two values per lane.
 __device__ inline void chunk_cumsum(float* H, float* R) {
   if (threadIdx.x >= 64) return;
@@ -148,9 +162,12 @@ __global__ void __launch_bounds__(kThreads, 4) chunk_prep_kernel(Params p) {
   // f16 q, k to bf16, in place and to qn_copy, kn_copy (rows < len; bf16 ones are read where
   // they are); r = rsqrt(sum x^2 + 1e-6) with l2norm (spec 1), else 1, to rq, rk and to shared
   // memory; padded rows stay zero. Half a warp per row and 8 elements (16 bytes) a lane: a thread
-  // takes piece tid % 16 of rows tid / 16 + 8 j of q and of k, and the 16 sums over half-warps
-  // are reduced together, so that their shuffles overlap (one row at a time, their latency was a
-  // third of the kernel's stalls).
+  // takes piece tid % 16 of rows tid / 16 + 8 j of q and of k, 16 partial sums, which the half-warp
+  // reduces and scatters at once: at each of the four exchanges a lane keeps half of its sums
+  // (those of its side of the exchange) and adds the other lane's halves of them, so that lane
+  // `part` ends with the whole sum of row (w, j) = (part / 8, part % 8), the same tree of additions
+  // as a butterfly, in 15 shuffles instead of 64. (A butterfly left every sum on every lane, and
+  // 16 predicated copies of the factor's store cost 430 instructions a warp: a tenth of a block's.)
   const long long row = qk_row(p, b, t0, hk);
   issue_rows<kD, kC, kThreads>(ks, kLdH, static_cast<const In*>(p.k) + row * kD, p.HK * kD, len);
   issue_rows<kD, kC, kThreads>(qs, kLdH, static_cast<const In*>(p.q) + row * kD, p.HK * kD, len);
@@ -159,8 +176,9 @@ __global__ void __launch_bounds__(kThreads, 4) chunk_prep_kernel(Params p) {
   __syncthreads();
   {
     constexpr int kRows = kC / (kThreads / 16);  // rows of q (w = 0) and of k (w = 1) a thread
+    static_assert(2 * kRows == 16, "a half-warp's lanes hold one sum each in the end");
     const int part = tid % 16, i0 = tid / 16;
-    float sum[2][kRows];
+    float sum[2 * kRows];  // sum[kRows w + j]: this piece of row i0 + 8 j of q (w = 0) or k
 #pragma unroll
     for (int j = 0; j < kRows; ++j)
 #pragma unroll
@@ -172,7 +190,7 @@ __global__ void __launch_bounds__(kThreads, 4) chunk_prep_kernel(Params p) {
         float s = 0.0f;
 #pragma unroll
         for (int e = 0; e < 8; ++e) s += to_float(in[e]) * to_float(in[e]);
-        sum[w][j] = s;
+        sum[kRows * w + j] = s;
         if constexpr (!std::is_same_v<In, bf16>) {
           uint4 out;
           bf16* o = reinterpret_cast<bf16*>(&out);
@@ -184,24 +202,14 @@ __global__ void __launch_bounds__(kThreads, 4) chunk_prep_kernel(Params p) {
                                       part * 8) = out;
         }
       }
-#pragma unroll
-    for (int offset = 8; offset > 0; offset /= 2) {
-#pragma unroll
-      for (int j = 0; j < kRows; ++j)
-#pragma unroll
-        for (int w = 0; w < 2; ++w) sum[w][j] += __shfl_xor_sync(0xffffffffu, sum[w][j], offset);
-    }
-    // Lane `part` of the half-warp stores the factor of row (w, j) = (part / 8, part % 8).
-#pragma unroll
-    for (int j = 0; j < kRows; ++j)
-#pragma unroll
-      for (int w = 0; w < 2; ++w)
-        if (part == 8 * w + j) {
-          const int i = i0 + 8 * j;
-          const float r = p.l2norm ? rsqrtf(sum[w][j] + 1e-6f) : 1.0f;
-          (w ? rk : rq)[i] = i < len ? r : 0.0f;
-          if (i < len) (w ? p.rk : p.rq)[row + i * p.HK] = r;
-        }
+    scatter_step<8>(sum, part & 8);
+    scatter_step<4>(sum, part & 4);
+    scatter_step<2>(sum, part & 2);
+    scatter_step<1>(sum, part & 1);
+    const int w = part / kRows, i = i0 + 8 * (part % kRows);
+    const float r = p.l2norm ? rsqrtf(sum[0] + 1e-6f) : 1.0f;
+    (w ? rk : rq)[i] = i < len ? r : 0.0f;
+    if (i < len) (w ? p.rk : p.rq)[row + i * p.HK] = r;
   }
   __syncthreads();
 
