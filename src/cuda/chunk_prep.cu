@@ -132,7 +132,11 @@ __device__ inline void store_tile64(bf16* dst, const bf16* src) {
 template <typename In>
 __global__ void __launch_bounds__(kThreads, 4) chunk_prep_kernel(Params p) {
   begin_dependent();  // launch.cuh
-  const int cid = blockIdx.x, hk = blockIdx.y, tid = threadIdx.x;
+  // The key heads of a chunk are consecutive blocks, which run side by side: the 32-byte sectors
+  // of g, beta (a value head's entries 4 or 2 bytes apart) and of the factors rq, rk (a key head's
+  // 4 bytes apart) that they share meet in L2, instead of each block reading whole sectors from
+  // memory for its 4 or 8 bytes, and writing partial ones.
+  const int cid = blockIdx.x / p.HK, hk = blockIdx.x % p.HK, tid = threadIdx.x;
   const int warp = tid / 32, lane = tid % 32;
   const ChunkInfo info = p.chunks[cid];
   if (info.len == 0) return;
@@ -318,7 +322,7 @@ template <typename In>
 void launch_chunk_prep(const Params& p, cudaStream_t stream) {
   GDN_CUDA_CHECK(cudaFuncSetAttribute(
       chunk_prep_kernel<In>, cudaFuncAttributeMaxDynamicSharedMemorySize, PrepSmem::bytes));
-  launch_dependent(chunk_prep_kernel<In>, dim3(p.NC, p.HK), kThreads, PrepSmem::bytes, stream, p);
+  launch_dependent(chunk_prep_kernel<In>, dim3(p.NC * p.HK), kThreads, PrepSmem::bytes, stream, p);
 }
 
 template void launch_chunk_prep<bf16>(const Params&, cudaStream_t);
