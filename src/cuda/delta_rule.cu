@@ -148,6 +148,16 @@ bool recomputes(bool saved, int rounds) {
   return !saved || rounds > 1;
 }
 
+// Whether the forward runs the segment summaries (and the folds compose them).
+bool has_summaries(const cuda::Params& p) {
+  return p.seg_count > 1 || p.enters || p.leaves;
+}
+
+// Whether the backward runs the gradient offsets D_k (a summary of each segment's gradient).
+bool has_grad_offsets(const cuda::Params& p) {
+  return p.seg_count > 1 || p.enters;
+}
+
 // The header of a call's workspace (the forward's, or what a backward expects there).
 cuda::WorkspaceHeader header_of(const DeltaRuleInputs& in, const cuda::Params& p, int device,
                                 bool saved) {
@@ -215,7 +225,7 @@ std::size_t plan(const DeltaRuleInputs& in, const DeltaRuleShape& s, ChunkCount 
   p.leaves = carried.leaves;
   p.map_M = carried.map_M;
   p.map_N = carried.map_N;
-  const bool summaries = p.seg_count > 1 || p.enters || p.leaves;
+  const bool summaries = has_summaries(p);
   p.header = header_of(in, p, device, saved);
 
   // const_cast: with reuse, nothing writes the forward's part.
@@ -397,10 +407,6 @@ Call backward_call(const DeltaRuleInputs& in, const DeltaRuleGrads& gr, const Cu
   return call;
 }
 
-bool has_summaries(const cuda::Params& p) {
-  return p.seg_count > 1 || p.enters || p.leaves;
-}
-
 // The stages, by input dtype.
 template <typename In>
 void summarize_forward(const Call& c) {
@@ -417,11 +423,6 @@ void finish_forward(const Call& c, bool save) {
     cuda::launch_state_forward<In, cuda::Pass::save>(c.p, c.stream);
   else
     cuda::launch_state_forward<In, cuda::Pass::output>(c.p, c.stream);
-}
-
-// Whether the backward runs the gradient offsets D_k (a summary of each segment's gradient).
-bool has_grad_offsets(const cuda::Params& p) {
-  return p.seg_count > 1 || p.enters;
 }
 
 // Whether the backward's summary runs with the last round's recompute beside it (kernels.h).
