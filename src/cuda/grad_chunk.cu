@@ -143,7 +143,12 @@ template <typename In>
 __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
   begin_dependent();  // launch.cuh
   // The chunk at `place` in this round's dh and dVn (params.cuh: rounds).
-  const int place = blockIdx.x, hk = blockIdx.y, tid = threadIdx.x;
+  // A chunk's key heads are consecutive blocks (as in chunk_prep): the 32-byte sectors of g, rq,
+  // rk, dg and dbeta that their blocks share, a few bytes each, meet in L2. The places run over
+  // y, then z (a grid's y holds at most 65535), so that both are block indices, which the
+  // compiler reads again where it needs them instead of holding them in registers.
+  const int place = blockIdx.z * gridDim.y + blockIdx.y, hk = blockIdx.x, tid = threadIdx.x;
+  if (place >= p.round_slots) return;
   const RoundChunk at = p.round_chunks[static_cast<long long>(p.round) * p.round_slots + place];
   // The chunk's slot, read from shared memory at each use: held in a register, live through every
   // product at 255 registers a thread, it cost the kernel 3-7% (bench/RESULTS.md, seventeenth
@@ -688,7 +693,9 @@ void launch_grad_chunk(const Params& p, cudaStream_t stream) {
   auto kernel = grad_chunk_kernel<In>;
   GDN_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, GradSmem::bytes));
-  launch_dependent(kernel, dim3(p.round_slots, p.HK), kThreads, GradSmem::bytes, stream, p);
+  const int places = std::min(p.round_slots, 65535);
+  launch_dependent(kernel, dim3(p.HK, places, (p.round_slots + places - 1) / places), kThreads,
+                   GradSmem::bytes, stream, p);
 }
 
 template void launch_grad_chunk<bf16>(const Params&, cudaStream_t);
