@@ -42,6 +42,8 @@
 // (cols[2] + cols[3])), db_i = rows[0] + rows[1] and extra = extra[0] + ... + extra[7]. Cost:
 // 1.5 KB more shared memory; each shared atomic became a load and a store of its owner (no
 // conflicts: one thread per address), the 8 atomics per warp into one extra 3 shuffles.
+#include <algorithm>
+
 #include "core/reset.h"
 #include "cuda/check.h"
 #include "cuda/kernels.h"
