@@ -10,7 +10,10 @@ operands (round to nearest even) and multiplies in f32, so its errors land where
             P multiplies it for O                                     (the kernels, state_forward.cu)
   split-vs  ours, and Vn in two parts where K^T diag(f) multiplies it for the state too
   unit-rows ours with the unit rows q / |q|, k / |k| not rounded to bf16: the rows q, k as they
-            come (bf16) in the products and their l2norm factors applied in f32
+            come (bf16) in the products and their l2norm factors applied in f32 (the kernels now)
+  unit-x1   unit-rows with X rounded once (ours-x1 of bf16 rows)
+  unit-vo1  unit-rows with Vn rounded once where P multiplies it for O (ours-vo1 of bf16 rows)
+  unit-none unit-rows with neither split (bf16-x of unit rows)
   wy        Vn = u - W S,  u = bf16(A diag(beta) V), W = bf16(A diag(beta e) K)
   wy-fla    as wy, with beta V and beta e K rounded to bf16 before A (FLA's recompute_w_u)
   wy-u32    unit-rows' inputs, Vn = U - bf16(W) S with U = bf16(A diag(beta)) V kept in f32 and
@@ -32,8 +35,10 @@ import sys
 import numpy as np
 
 C, D = 64, 128
-FORMS = ("bf16-x", "ours", "split-vs", "wy", "wy-fla", "wy-u32", "wy-w2", "wy-a", "wy-1")
-UNIT_ROWS = ("unit-rows", "wy-u32", "wy-w2", "wy-a", "wy-1", "wy-w", "wy-w1")
+FORMS = ("bf16-x", "ours", "ours-x1", "ours-vo1", "split-vs", "wy", "wy-fla", "wy-u32", "wy-w2",
+         "wy-a", "wy-1")
+UNIT_ROWS = ("unit-rows", "unit-x1", "unit-vo1", "unit-none", "unit-sdo1", "wy-u32", "wy-w2",
+             "wy-a", "wy-1", "wy-w", "wy-w1")
 SCALE = 1 / np.sqrt(D)
 
 
@@ -92,9 +97,9 @@ def step(S, ch, form, low, v=None):
     V = ch.v if v is None else v
     b, e, Sb = ch.beta[:, None], ch.e[:, None], r(S)
     exact = identity  # a value carried in two bf16 parts
-    if form in ("bf16-x", "ours", "split-vs"):
+    if form in ("bf16-x", "ours", "ours-x1", "ours-vo1", "split-vs"):
         X = b * (V - e * (ch.k @ Sb))
-        Vn = ch.A @ (r(X) if form == "bf16-x" else X)
+        Vn = ch.A @ (r(X) if form in ("bf16-x", "ours-x1") else X)
     elif form == "wy-a":
         # ours with diag(beta e) K S taken apart: W = A diag(beta e) K rounded once; U exact.
         Vn = ch.A @ (b * V) - r(ch.A @ (b * e * ch.k)) @ Sb
@@ -109,7 +114,8 @@ def step(S, ch, form, low, v=None):
     else:
         pre = r if form == "wy-fla" else exact
         Vn = r(ch.A @ pre(b * V)) - r(ch.A @ pre(b * e * ch.k)) @ Sb
-    O = (SCALE * e) * (ch.q @ Sb) + ch.P @ (r if form in ("bf16-x", "wy", "wy-fla") else exact)(Vn)
+    vo = r if form in ("bf16-x", "ours-vo1", "wy", "wy-fla") else exact  # Vn where P meets it
+    O = (SCALE * e) * (ch.q @ Sb) + ch.P @ vo(Vn)
     return ch.gamma * S + ch.k.T @ (exact if form == "split-vs" else r)(ch.f[:, None] * Vn), O
 
 
@@ -121,7 +127,9 @@ def forward(p, form="ours", segments=1, low=True, summary=None):
     all_chunks = chunks(p, form, low)
     summary = summary or form
     assert (summary in UNIT_ROWS) == (form in UNIT_ROWS), (form, summary)
-    form, summary = ("ours" if f == "unit-rows" else f for f in (form, summary))
+    kernel_form = {"unit-rows": "ours", "unit-x1": "ours-x1", "unit-vo1": "ours-vo1",
+                   "unit-none": "bf16-x"}
+    form, summary = (kernel_form.get(f, f) for f in (form, summary))
     assert form in FORMS and summary in FORMS, (form, summary)
     per = -(-len(all_chunks) // segments)
     parts = [all_chunks[s * per:(s + 1) * per] for s in range(segments)]
@@ -153,14 +161,15 @@ def dh0(p, form="ours", low=True):
     K^T diag(beta e) Y; the kernels round dS, dVn (before A) and diag(beta e) Y (before K) to bf16
     and carry diag(scale e) dO as hi + lo parts (`ours`; bf16-sdo rounds it once, as the kernels
     did until 2026-12-02); split-dvn and split-y carry dVn or Y in two parts too, split-both both;
-    unit-rows is ours with the unit rows of q, k not rounded (as forward()); wy-w is unit-rows
-    with Y and its product by K replaced by W^T dVn, W = A diag(beta e) K made in the pass (its
-    operand A diag(beta e) in two parts) and rounded once; wy-w1 rounds that operand once too."""
+    unit-rows is ours with the unit rows of q, k not rounded (as forward()), unit-sdo1 the same
+    with diag(scale e) dO rounded once; wy-w is unit-rows with Y and its product by K replaced by
+    W^T dVn, W = A diag(beta e) K made in the pass (its operand A diag(beta e) in two parts) and
+    rounded once; wy-w1 rounds that operand once too."""
     dt = np.float32 if low else np.float64
     r = bf16 if low else identity
     r_dvn = identity if form in ("split-dvn", "split-both") else r
     r_y = identity if form in ("split-y", "split-both") else r
-    r_sdo = r if form == "bf16-sdo" else identity
+    r_sdo = r if form in ("bf16-sdo", "unit-sdo1") else identity
     dS = p["d_ht"].astype(dt)
     for a, ch in reversed(list(zip(range(0, len(p["g"]), C), chunks(p, form, low)))):
         dO = p["d_o"][a:a + C].astype(dt)
@@ -197,8 +206,8 @@ if __name__ == "__main__":
                 o, s = forward(p, form, seg, summary=summary)
                 cells.append(f"{rel(o, o64):.3e} / {rel(s, s64):.3e}")
             print(f"{gates:6s} {seed:4d}  " + "  ".join(cells), flush=True)
-    backward = ("bf16-sdo", "ours", "split-dvn", "split-y", "split-both", "unit-rows", "wy-w",
-                "wy-w1")
+    backward = ("bf16-sdo", "ours", "split-dvn", "split-y", "split-both", "unit-rows",
+                "unit-sdo1", "wy-w", "wy-w1")
     print(f"T={T}, relative error vs float64 of dh0 (the state gradient's chain)")
     print("gates  seed  " + "  ".join(f.ljust(10) for f in backward))
     for gates in ("strong", "weak"):
