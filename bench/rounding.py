@@ -28,7 +28,8 @@ command line, whose summaries (offsets and transfers) may take a form of their o
 FORM/SEGMENTS/SUMMARY_FORM (unit-rows/4/wy-1: bench/variants/wy-summary.patch). A is
 bf16((I + L)^-1) computed in float64 for every form, P = bf16(scale Q K^T * decay).
 
-  python3 bench/rounding.py [T] [segments] [form[/segments[/summary form]],...]   (numpy)
+  python3 bench/rounding.py [T] [segments] [form[/segments[/summary form]],...] [backward forms,
+      likewise]   (numpy)
 """
 import sys
 
@@ -155,8 +156,9 @@ def forward(p, form="ours", segments=1, low=True, summary=None):
     return np.concatenate(o), S
 
 
-def dh0(p, form="ours", low=True):
-    """The state gradient's reverse chain (state_backward.cu) from d_ht and dO: dh0. Per chunk,
+def dh0(p, form="ours", low=True, segments=1, summary=None):
+    """The state gradient's reverse chain (state_backward.cu) from d_ht and dO: dh0, and dh (the
+    gradient of the state leaving each chunk, which grad_chunk reads), stacked. Per chunk,
     dVn = diag(f) K dS + P^T dO, Y = A^T dVn, dS <- gamma dS + Q^T diag(scale e) dO -
     K^T diag(beta e) Y; the kernels round dS, dVn (before A) and diag(beta e) Y (before K) to bf16
     and carry diag(scale e) dO as hi + lo parts (`ours`; bf16-sdo rounds it once, as the kernels
@@ -164,23 +166,54 @@ def dh0(p, form="ours", low=True):
     unit-rows is ours with the unit rows of q, k not rounded (as forward()), unit-sdo1 the same
     with diag(scale e) dO rounded once; wy-w is unit-rows with Y and its product by K replaced by
     W^T dVn, W = A diag(beta e) K made in the pass (its operand A diag(beta e) in two parts) and
-    rounded once; wy-w1 rounds that operand once too."""
+    rounded once; wy-w1 rounds that operand once too. Cut into segments as the kernels cut it:
+    the backward's summary (form `summary`, default form) runs the last segment from d_ht and the
+    middle ones from zero (D_k), and the gradient entering each segment's end is M_k+1^T times the
+    one after plus D_k+1 in f32, M_k the forward summary's transfer (forward()'s form `ours`)."""
     dt = np.float32 if low else np.float64
     r = bf16 if low else identity
-    r_dvn = identity if form in ("split-dvn", "split-both") else r
-    r_y = identity if form in ("split-y", "split-both") else r
-    r_sdo = r if form in ("bf16-sdo", "unit-sdo1") else identity
-    dS = p["d_ht"].astype(dt)
-    for a, ch in reversed(list(zip(range(0, len(p["g"]), C), chunks(p, form, low)))):
-        dO = p["d_o"][a:a + C].astype(dt)
-        dVn = ch.f[:, None] * (ch.k @ r(dS)) + ch.P.T @ dO
-        if form in ("wy-w", "wy-w1"):  # W^T dVn, W = A diag(beta e) K made in the pass
-            AB = ch.A * (ch.beta * ch.e)[None, :]  # its operand, in two parts (wy-w) or rounded
-            w_term = r((AB if form == "wy-w" else r(AB)) @ ch.k).T @ r(dVn)
-        else:
-            w_term = ch.k.T @ r_y(ch.beta[:, None] * ch.e[:, None] * (ch.A.T @ r_dvn(dVn)))
-        dS = ch.gamma * dS + ch.q.T @ r_sdo(SCALE * ch.e[:, None] * dO) - w_term
-    return dS
+    summary = summary or form
+    assert (summary in UNIT_ROWS) == (form in UNIT_ROWS), (form, summary)
+
+    def chain(dS, part, form, dh=None):
+        r_dvn = identity if form in ("split-dvn", "split-both") else r
+        r_y = identity if form in ("split-y", "split-both") else r
+        r_sdo = r if form in ("bf16-sdo", "unit-sdo1") else identity
+        for a, ch in reversed(part):
+            if dh is not None:
+                dh.append(dS)
+            dO = p["d_o"][a:a + C].astype(dt)
+            dVn = ch.f[:, None] * (ch.k @ r(dS)) + ch.P.T @ dO
+            if form in ("wy-w", "wy-w1"):  # W^T dVn, W = A diag(beta e) K made in the pass
+                AB = ch.A * (ch.beta * ch.e)[None, :]  # its operand, in two parts or rounded
+                w_term = r((AB if form == "wy-w" else r(AB)) @ ch.k).T @ r(dVn)
+            else:
+                w_term = ch.k.T @ r_y(ch.beta[:, None] * ch.e[:, None] * (ch.A.T @ r_dvn(dVn)))
+            dS = ch.gamma * dS + ch.q.T @ r_sdo(SCALE * ch.e[:, None] * dO) - w_term
+        return dS
+
+    all_chunks = list(zip(range(0, len(p["g"]), C), chunks(p, form, low)))
+    per = -(-len(all_chunks) // segments)
+    parts = [all_chunks[s * per:(s + 1) * per] for s in range(segments)]
+    leaving = [p["d_ht"].astype(dt)]  # the gradient leaving each segment, the last first
+    if segments > 1:
+        leaving.append(chain(leaving[0], parts[-1], summary))
+        for part in reversed(parts[1:-1]):
+            M = np.eye(D, dtype=dt)
+            for _, ch in part:
+                M, _ = step(M, ch, "ours", low, v=np.zeros_like(ch.v))
+            D_k = chain(np.zeros((D, D), dt), part, summary)
+            leaving.append((M.T @ leaving[-1] + D_k).astype(dt))
+    dh = []
+    for part, dS in zip(reversed(parts), leaving):
+        dS = chain(dS, part, form, dh)
+    return dS, np.stack(dh)
+
+
+def parse(spec):
+    """FORM[/SEGMENTS[/SUMMARY_FORM]] -> (form, segments, summary form or None)."""
+    form, *rest = spec.split("/")
+    return form, int(rest[0]) if rest else 1, rest[1] if len(rest) > 1 else None
 
 
 def rel(x, y):
@@ -200,19 +233,23 @@ if __name__ == "__main__":
             p = problem(T, gates, seed)
             o64, s64 = forward(p, low=False)
             cells = []
-            for spec in forms:  # FORM[/SEGMENTS[/SUMMARY_FORM]]
-                form, *rest = spec.split("/")
-                seg, summary = int(rest[0]) if rest else 1, rest[1] if len(rest) > 1 else None
+            for spec in forms:
+                form, seg, summary = parse(spec)
                 o, s = forward(p, form, seg, summary=summary)
                 cells.append(f"{rel(o, o64):.3e} / {rel(s, s64):.3e}")
             print(f"{gates:6s} {seed:4d}  " + "  ".join(cells), flush=True)
-    backward = ("bf16-sdo", "ours", "split-dvn", "split-y", "split-both", "unit-rows",
-                "unit-sdo1", "wy-w", "wy-w1")
-    print(f"T={T}, relative error vs float64 of dh0 (the state gradient's chain)")
-    print("gates  seed  " + "  ".join(f.ljust(10) for f in backward))
+    backward = sys.argv[4].split(",") if len(sys.argv) > 4 else [
+        "bf16-sdo", "ours", "split-dvn", "split-y", "split-both", "unit-rows", "unit-sdo1", "wy-w",
+        "wy-w1"]
+    print(f"T={T}, relative error vs float64 of dh0 / dh (the state gradient's chain)")
+    print("gates  seed  " + "  ".join(f.ljust(max(21, len(f))) for f in backward))
     for gates in ("strong", "weak"):
         for seed in (0, 1):
             p = problem(T, gates, seed)
-            ref = dh0(p, low=False)
-            print(f"{gates:6s} {seed:4d}  " +
-                  "  ".join(f"{rel(dh0(p, f), ref):.3e}" for f in backward), flush=True)
+            ref0, ref = dh0(p, low=False)
+            cells = []
+            for spec in backward:
+                form, seg, summary = parse(spec)
+                x0, x = dh0(p, form, segments=seg, summary=summary)
+                cells.append(f"{rel(x0, ref0):.3e} / {rel(x, ref):.3e}".ljust(max(21, len(spec))))
+            print(f"{gates:6s} {seed:4d}  " + "  ".join(cells), flush=True)
