@@ -120,6 +120,20 @@ def step(S, ch, form, low, v=None):
     return ch.gamma * S + ch.k.T @ (exact if form == "split-vs" else r)(ch.f[:, None] * Vn), O
 
 
+def cut(items, segments):
+    """items in `segments` consecutive parts of equal length (the last shorter), as segments.h."""
+    per = -(-len(items) // segments)
+    return [items[s * per:(s + 1) * per] for s in range(segments)]
+
+
+def transfer(part, form, low):
+    """The transfer M of a segment's chunks: the state pass from the identity with V = 0."""
+    M = np.eye(D, dtype=np.float32 if low else np.float64)
+    for ch in part:
+        M, _ = step(M, ch, form, low, v=np.zeros_like(ch.v))
+    return M
+
+
 def forward(p, form="ours", segments=1, low=True, summary=None):
     """o and the final state; low=False is the float64 reference (no rounding). The segments'
     summaries take the form `summary` (default: form), of the same inputs (UNIT_ROWS or not)."""
@@ -132,21 +146,17 @@ def forward(p, form="ours", segments=1, low=True, summary=None):
                    "unit-none": "bf16-x"}
     form, summary = (kernel_form.get(f, f) for f in (form, summary))
     assert form in FORMS and summary in FORMS, (form, summary)
-    per = -(-len(all_chunks) // segments)
-    parts = [all_chunks[s * per:(s + 1) * per] for s in range(segments)]
+    parts = cut(all_chunks, segments)
     # The state entering each segment: segment 0 from h0, then S_k+1 = M_k S_k + N_k with the
-    # transfer M_k (from the identity, V = 0) and offset N_k (from zero) in f32.
+    # transfer M_k and offset N_k (from zero) in f32.
     entering = [p["h0"].astype(dt)]
     for s, part in enumerate(parts[:-1]):
-        M, N = np.eye(D, dtype=dt), np.zeros((D, D), dt)
-        S = entering[0]
+        S = entering[0] if s == 0 else np.zeros((D, D), dt)
         for ch in part:
-            if s == 0:
-                S, _ = step(S, ch, summary, low)
-            else:
-                M, _ = step(M, ch, summary, low, v=np.zeros_like(ch.v))
-                N, _ = step(N, ch, summary, low)
-        entering.append(S if s == 0 else (M @ entering[-1] + N).astype(dt))
+            S, _ = step(S, ch, summary, low)
+        if s > 0:
+            S = (transfer(part, summary, low) @ entering[-1] + S).astype(dt)
+        entering.append(S)
     o = []
     for s, part in enumerate(parts):
         S = entering[s]
@@ -192,16 +202,12 @@ def dh0(p, form="ours", low=True, segments=1, summary=None):
             dS = ch.gamma * dS + ch.q.T @ r_sdo(SCALE * ch.e[:, None] * dO) - w_term
         return dS
 
-    all_chunks = list(zip(range(0, len(p["g"]), C), chunks(p, form, low)))
-    per = -(-len(all_chunks) // segments)
-    parts = [all_chunks[s * per:(s + 1) * per] for s in range(segments)]
+    parts = cut(list(zip(range(0, len(p["g"]), C), chunks(p, form, low))), segments)
     leaving = [p["d_ht"].astype(dt)]  # the gradient leaving each segment, the last first
     if segments > 1:
         leaving.append(chain(leaving[0], parts[-1], summary))
         for part in reversed(parts[1:-1]):
-            M = np.eye(D, dtype=dt)
-            for _, ch in part:
-                M, _ = step(M, ch, "ours", low, v=np.zeros_like(ch.v))
+            M = transfer([ch for _, ch in part], "ours", low)
             D_k = chain(np.zeros((D, D), dt), part, summary)
             leaving.append((M.T @ leaving[-1] + D_k).astype(dt))
     dh = []
