@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root, after bench/gpu_stage.sh: the CUDA tests, the
-# sanitizers, a per-kernel profile at B=1 T=65536, then bench_cuda and bench/peers.py's speed
-# part (gdn, FLA, FlashQLA and transformers in the same run). Logs go to $OUT (or ./gpu-logs).
+# sanitizers, a per-kernel profile (B=1 T=65536 unless $GDN_PROFILE_SHAPES says), then bench_cuda
+# and bench/peers.py's speed part (gdn, FLA, FlashQLA and transformers in the same run). Logs go
+# to $OUT (or ./gpu-logs).
 # Stages: test, cp, cp-bench, cp-sanitize, profile, stalls, lines, bench, ab, variants, accuracy,
 # peers-profile (default: test sanitize profile bench). stalls and lines profile one training
 # forward + backward (`gdn run`) at T=$GDN_PROFILE_T (16384), the kernels matching
@@ -61,11 +62,17 @@ for stage in $stages; do
       timeout 200 compute-sanitizer --tool racecheck .device/test_cuda_delta_rule \
         --gtest_filter='*GroupedHeads/4*' 2>&1 | tee "$out/racecheck.log" |
         grep -E "RACECHECK SUMMARY|PASSED|FAILED" ;;
-    profile)
-      ncu --clock-control none --metrics gpu__time_duration.sum .device/gdn run --device cuda \
-        -T 65536 --ranks 1 >"$out/ncu.log" 2>&1
-      grep -E "^  [a-zA-Z_ <>:,0-9]+\(|gpu__time_duration" "$out/ncu.log" |
-        sed -E 's/^ *(void )?//; s/\(Params.*//; s/gpu__time_duration.sum//' | paste - - ;;
+    profile)  # each kernel's time in one training step (`gdn run`) of each shape in
+      # $GDN_PROFILE_SHAPES (';' between them; default -T 65536)
+      IFS=';' read -ra shapes <<<"${GDN_PROFILE_SHAPES:--T 65536}"
+      for i in "${!shapes[@]}"; do
+        echo "== gdn run ${shapes[$i]}"
+        # shellcheck disable=SC2086  # a shape is several arguments
+        ncu --clock-control none --metrics gpu__time_duration.sum .device/gdn run --device cuda \
+          ${shapes[$i]} --ranks 1 >"$out/ncu-$i.log" 2>&1
+        grep -E "^  [a-zA-Z_ <>:,0-9]+\(|gpu__time_duration" "$out/ncu-$i.log" |
+          sed -E 's/^ *(void )?//; s/\(Params.*//; s/gpu__time_duration.sum//' | paste - -
+      done ;;
     stalls)  # why each kernel waits (cycles per issued instruction by stall reason)
       ncu --clock-control none --section WarpStateStats --section SchedulerStats --print-details all \
         "${profile_range[@]}" .device/gdn run --device cuda -T "$profile_t" \

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Here, before the device call that times the peers: their wheels (fetched into .peers/wheels with
 # pip download --no-deps) and gdn's (.whl/, `pip wheel . -w .whl`, with the shared libraries it
-# needs in .whl/lib) installed with this machine's Python 3.12, the GPU machine's, into one folder,
+# needs copied into .whl/lib) installed with this machine's Python 3.12, the GPU machine's, into one folder,
 # packed into .peers/site.txz (xz: about 45 MB where the wheels take 85), so that one call carries
 # them all; bench/gpu_peers.sh unpacks it into /tmp/site and /tmp/site-lib.
 #
@@ -13,7 +13,10 @@ cd "$(dirname "$0")/.."
 python="${GDN_PYTHON312:-$HOME/.pyenv/versions/3.12.1/bin/python3}"
 "$python" -m pip download -q --no-deps --dest .peers/wheels 'fla-core==0.6.0' 'flash-qla==0.1.3' \
   'tilelang==0.1.15' 'apache-tvm-ffi==0.1.12' 'torch-c-dlpack-ext==0.1.5' 'z3-solver==4.15.4.0'
-ls .whl/*.whl .whl/lib/libfmt.so.9 .whl/lib/libgomp.so.1 >/dev/null
+ls .whl/*.whl >/dev/null
+# The Debian libraries gdn's module links that the GPU machine lacks (its CUDA and NCCL it has).
+mkdir -p .whl/lib
+for lib in libfmt.so.9 libgomp.so.1; do cp -L "/usr/lib/x86_64-linux-gnu/$lib" .whl/lib/; done
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 "$python" -m pip install -q --root-user-action=ignore --no-index --no-deps --no-compile \
