@@ -7,12 +7,14 @@ operands (round to nearest even) and multiplies in f32, so its errors land where
 (bench/RESULTS.md compares them). Forms of Vn, per chunk (spec 3):
   bf16-x    Vn = A X,  X = bf16(diag(beta) (V - diag(e) K S))   (the kernels until 2026-12-02)
   ours      the same with X = hi + lo, two bf16 parts (X to ~16 bits), and Vn in two parts where
-            P multiplies it for O                                     (the kernels, state_forward.cu)
+            P multiplies it for O                                     (the kernels until 2026-12-02)
   split-vs  ours, and Vn in two parts where K^T diag(f) multiplies it for the state too
   unit-rows ours with the unit rows q / |q|, k / |k| not rounded to bf16: the rows q, k as they
-            come (bf16) in the products and their l2norm factors applied in f32 (the kernels now)
+            come (bf16) in the products and their l2norm factors applied in f32 (the kernels
+            until 2026-12-06)
   unit-x1   unit-rows with X rounded once (ours-x1 of bf16 rows)
-  unit-vo1  unit-rows with Vn rounded once where P multiplies it for O (ours-vo1 of bf16 rows)
+  unit-vo1  unit-rows with Vn rounded once where P multiplies it for O (ours-vo1 of bf16 rows);
+            unit-vo1/S/unit-x1, its summaries with X rounded once, is the kernels now
   unit-none unit-rows with neither split (bf16-x of unit rows)
   wy        Vn = u - W S,  u = bf16(A diag(beta) V), W = bf16(A diag(beta e) K)
   wy-fla    as wy, with beta V and beta e K rounded to bf16 before A (FLA's recompute_w_u)

@@ -202,16 +202,17 @@ TEST(CudaDeltaRule, BackwardReadsSavedStates) {
   p.dtype = DType::f16;
   check_problem(p, true, true);
 }
-// Where the kernels carry an operand in two bf16 parts (X and Vn for O in state_forward.cu,
-// diag(scale e) dO in state_backward.cu): on this problem they give o 3.33e-3 and dh0 1.73e-3,
-// against 3.71e-3 and 2.39e-3 with X alone in two parts (bench/RESULTS.md, eleventh session).
-// The bounds sit between, so that losing either split fails here.
+// Where the kernels carry an operand in two bf16 parts (X in state_forward.cu's passes but the
+// summaries, diag(scale e) dO in state_backward.cu): on this problem the final state 1.59e-3 and
+// dh0 3.4e-4 (H100, bench/RESULTS.md forty-first session). Rounded once, X would raise the final
+// state by 29-59% and dO dh0 to 1.5-2.2e-3 (bench/rounding.py: unit-x1, unit-sdo1, strong and
+// weak gates); the bounds sit between, so that losing either split fails here.
 TEST(CudaDeltaRule, TwoPartOperandsKeepTheErrorsLow) {
   std::map<std::string, double> errors;
   check_problem(base(4096, 1, 2), true, true, true, nullptr, &errors);
   if (errors.empty()) return;  // skipped
-  EXPECT_LE(errors["o"], 3.5e-3);
-  EXPECT_LE(errors["dh0"], 2.0e-3);
+  EXPECT_LE(errors["final_state"], 1.9e-3);
+  EXPECT_LE(errors["dh0"], 8e-4);
 }
 // Transfer summaries in parts (segments.h): 16 copies of one head group make 32 value heads, for
 // which an H200 (132 SMs) cuts T=8192 into 4 segments with transfers in 2 parts for training

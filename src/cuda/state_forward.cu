@@ -167,6 +167,9 @@ __device__ __forceinline__ void state_forward_block(const Params& p, int hv, int
       // X^T diag(beta) = (V^T - (K S)^T diag(e)) diag(beta), as A fragments split in two bf16
       // parts (x = hi + lo), so that Vn = A X sees X to about 16 bits: rounding X to bf16 before
       // the product cost 8% of o's accuracy and 14-21% of the final state's (bench/rounding.py).
+      // The summaries round it once: their error reaches o only through the states entering the
+      // segments (o +0-4% on the GPU, every output still 21% or more below the peers'), and the
+      // shorter chain takes 3-4% off the forward (bench/RESULTS.md, forty-first session).
       std::uint32_t xa[4][4], xl[4][4];
 #pragma unroll
       for (int kt = 0; kt < 4; ++kt) {
@@ -175,14 +178,14 @@ __device__ __forceinline__ void state_forward_block(const Params& p, int hv, int
         const float* hi = ks[2 * kt + 1];
         const float2 w[4] = {unpack2<In>(v[kt][0]), unpack2<In>(v[kt][1]), unpack2<In>(v[kt][2]),
                              unpack2<In>(v[kt][3])};
-        xa[kt][0] = pack_bf16_split(b0.x * (w[0].x - e0.x * lo[0]), b0.y * (w[0].y - e0.y * lo[1]),
-                                    xl[kt][0]);
-        xa[kt][1] = pack_bf16_split(b0.x * (w[1].x - e0.x * lo[2]), b0.y * (w[1].y - e0.y * lo[3]),
-                                    xl[kt][1]);
-        xa[kt][2] = pack_bf16_split(b8.x * (w[2].x - e8.x * hi[0]), b8.y * (w[2].y - e8.y * hi[1]),
-                                    xl[kt][2]);
-        xa[kt][3] = pack_bf16_split(b8.x * (w[3].x - e8.x * hi[2]), b8.y * (w[3].y - e8.y * hi[3]),
-                                    xl[kt][3]);
+        const float x[4][2] = {{b0.x * (w[0].x - e0.x * lo[0]), b0.y * (w[0].y - e0.y * lo[1])},
+                               {b0.x * (w[1].x - e0.x * lo[2]), b0.y * (w[1].y - e0.y * lo[3])},
+                               {b8.x * (w[2].x - e8.x * hi[0]), b8.y * (w[2].y - e8.y * hi[1])},
+                               {b8.x * (w[3].x - e8.x * hi[2]), b8.y * (w[3].y - e8.y * hi[3])}};
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          xa[kt][i] =
+              kSummary ? pack_bf16(x[i][0], x[i][1]) : pack_bf16_split(x[i][0], x[i][1], xl[kt][i]);
       }
 
       // Vn^T = X^T diag(beta) A^T; the state decays (S *= gamma) while it runs.
@@ -190,7 +193,7 @@ __device__ __forceinline__ void state_forward_block(const Params& p, int hv, int
       Acc vn[8];
       wgmma_fence();
       wgmma_nk(vn, xa, t.a, false);
-      wgmma_nk(vn, xl, t.a, true);
+      if constexpr (!kSummary) wgmma_nk(vn, xl, t.a, true);
       wgmma_commit();
 #pragma unroll
       for (int nt = 0; nt < 16; ++nt)
@@ -221,14 +224,13 @@ __device__ __forceinline__ void state_forward_block(const Params& p, int hv, int
           qs[nt][2] *= p.scale * eq[nt].x;
           qs[nt][3] *= p.scale * eq[nt].y;
         }
-        std::uint32_t va[4][4], vl[4][4];  // Vn in two parts, as X (off the state's chain)
+        // Vn rounded once for P: in two parts (as X) it kept o a fifth more accurate, for 3-4% of
+        // the forward where the chains bind (T=4096, 2 value heads; bench/RESULTS.md).
+        std::uint32_t va[4][4];
 #pragma unroll
-        for (int kt = 0; kt < 4; ++kt)
-          acc_to_a(
-              va[kt], vn, kt, [](int) { return 1.0f; }, vl[kt]);
+        for (int kt = 0; kt < 4; ++kt) acc_to_a(va[kt], vn, kt, [](int) { return 1.0f; });
         wgmma_fence();
         wgmma_nk(qs, va, t.pm, true);
-        wgmma_nk(qs, vl, t.pm, true);
         wgmma_commit();
       }
       if constexpr (kStates) store_tokens<bf16>(vn, staging, p.vn + s * kC * kD + vw, kD, kC);
