@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Here, before the device call that times the peers: their wheels (fetched into .peers/wheels with
 # pip download --no-deps) and gdn's (.whl/, `pip wheel . -w .whl`, with the shared libraries it
-# needs copied into .whl/lib) installed with this machine's Python 3.12, the GPU machine's, into one folder,
-# packed into .peers/site.txz (xz: about 45 MB where the wheels take 85), so that one call carries
-# them all; bench/gpu_peers.sh unpacks it into /tmp/site and /tmp/site-lib.
+# needs copied into .whl/lib) installed with this machine's Python 3.12, the GPU machine's, into
+# one folder, packed into .peers/site.txz (xz: about 45 MB where the wheels take 85), so that one
+# call carries them all; bench/gpu_peers.sh unpacks it into /tmp/site and /tmp/site-lib.
 #
 #   bash bench/peers_stage.sh    # then a device call: carry [".peers/site.txz"] (and the kernel
 #                                # caches .peers/<name>.tgz.* once kept), run
