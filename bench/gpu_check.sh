@@ -85,7 +85,8 @@ for stage in $stages; do
         -T "$profile_t" --ranks 1 >"$out/lines-run.log" 2>&1
       python3 bench/ncu_lines.py "$out/lines.ncu-rep" "" 20 | tee "$out/lines.txt" | grep -E "^==|^--"
       rm -f "$out/lines.ncu-rep" ;;
-    bench)  # gdn and its peers by CUDA-graph replay (bench/gpu_peers.sh installs the wheels)
+    bench)  # gdn and its peers by CUDA-graph replay (bench/gpu_peers.sh installs the wheels); all
+      # four peers take a whole call on a fresh machine (FLA's autotune alone about 260 s)
       .device/bench_cuda | tee "$out/bench.log"
       bash bench/gpu_peers.sh --part speed ;;
     ab)  # this build's bench_cuda against .device/base/'s (gpu_stage.sh --base) and any variants
