@@ -28,6 +28,10 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kLdDiag = 16 * 16 + 16;  // floats from one diagonal block of L to the next (banks)
+// A block asks L2 for the rows of the block this far on (a quarter of the 4 x 132 resident on an
+// H100), which starts about 4 us later: 256 and 128 took 2-4% off chunk_prep's forwards, 512 put
+// 3-5% on (bench/RESULTS.md, forty-third session).
+constexpr int kPrefetchAhead = 128;
 
 // The k and q tiles hold the inputs (In), then in place k and q as bf16.
 struct PrepSmem {
@@ -176,6 +180,19 @@ __global__ void __launch_bounds__(kThreads, 4) chunk_prep_kernel(Params p) {
   issue_rows<kD, kC, kThreads>(ks, kLdH, static_cast<const In*>(p.k) + row * kD, p.HK * kD, len);
   issue_rows<kD, kC, kThreads>(qs, kLdH, static_cast<const In*>(p.q) + row * kD, p.HK * kD, len);
   cp_async_commit();
+  {  // the q, k rows, g and beta of the block kPrefetchAhead blocks on, into L2 (common.cuh)
+    const int ahead = blockIdx.x + kPrefetchAhead, r = tid % kC;
+    const ChunkInfo next = ahead < gridDim.x ? p.chunks[ahead / p.HK] : ChunkInfo{};
+    if (r < next.len) {
+      const long long qk2 = qk_row(p, next.b, next.t0 + r, ahead % p.HK);
+      prefetch_l2(static_cast<const In*>(tid < kC ? p.q : p.k) + qk2 * kD, kD * sizeof(In));
+      const long long v2 = v_row(p, next.b, next.t0 + r, ahead % p.HK * (p.HV / p.HK));
+      if (tid < kC)
+        prefetch_line(p.g + v2);
+      else
+        prefetch_line(static_cast<const char*>(p.beta) + v2 * (p.beta_code == 0 ? 4 : 2));
+    }
+  }
   cp_async_wait<0>();
   __syncthreads();
   {

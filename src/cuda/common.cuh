@@ -72,6 +72,16 @@ __device__ inline void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
 
+// Asks L2 for `bytes` (a multiple of 16) from gmem (16-byte aligned), and for the 128-byte line
+// holding gmem, without waiting: no register and no shared memory hold them. A block so fetches
+// the rows of a block that starts later, whose copies then hit L2 instead of waiting on DRAM.
+__device__ inline void prefetch_l2(const void* gmem, unsigned bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(gmem), "r"(bytes) : "memory");
+}
+__device__ inline void prefetch_line(const void* gmem) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(gmem) : "memory");
+}
+
 // Issues, without waiting, the copies of kRows rows of kCols 16-bit values (row r from
 // src + r * stride elements) into dst (row stride ld elements); rows >= valid are zero-filled.
 // kThreads threads: each keeps one 16-byte piece of every kThreads / (kCols / 8)-th row, so its
