@@ -181,12 +181,12 @@ __global__ void __launch_bounds__(kThreads, 4) chunk_prep_kernel(Params p) {
   issue_rows<kD, kC, kThreads>(qs, kLdH, static_cast<const In*>(p.q) + row * kD, p.HK * kD, len);
   cp_async_commit();
   {  // the q, k rows, g and beta of the block kPrefetchAhead blocks on, into L2 (common.cuh)
-    const int ahead = blockIdx.x + kPrefetchAhead, r = tid % kC;
+    const int ahead = blockIdx.x + kPrefetchAhead, hk2 = ahead % p.HK, r = tid % kC;
     const ChunkInfo next = ahead < gridDim.x ? p.chunks[ahead / p.HK] : ChunkInfo{};
     if (r < next.len) {
-      const long long qk2 = qk_row(p, next.b, next.t0 + r, ahead % p.HK);
+      const long long qk2 = qk_row(p, next.b, next.t0 + r, hk2);
       prefetch_l2(static_cast<const In*>(tid < kC ? p.q : p.k) + qk2 * kD, kD * sizeof(In));
-      const long long v2 = v_row(p, next.b, next.t0 + r, ahead % p.HK * (p.HV / p.HK));
+      const long long v2 = v_row(p, next.b, next.t0 + r, hk2 * (p.HV / p.HK));
       if (tid < kC)
         prefetch_line(p.g + v2);
       else
