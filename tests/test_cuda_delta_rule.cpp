@@ -226,6 +226,17 @@ TEST(CudaDeltaRule, TransferParts) {
   check_problem(base(8192, 1, 2), true, true, true, nullptr, nullptr, 16);
   check_problem(base(20480, 1, 2), false, false, true, nullptr, nullptr, 16);
 }
+// The state entering a sequence's third segment composed by the output pass (Params::compose):
+// 16 copies of one head group (32 value heads) at T=4096 make 3 segments with whole transfers for
+// inference on 132 SMs; a backward reusing that forward's workspace reads the composed state.
+TEST(CudaDeltaRule, ComposedEnteringState) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const cuda::SegmentPlan seg = cuda::plan_segments(32, 4096 / 64, false, false, multiprocessors());
+  EXPECT_EQ(seg.count, 3);
+  EXPECT_EQ(seg.parts, 1);
+  check_problem(base(4096, 1, 2), false, false, true, nullptr, nullptr, 16);
+  check_problem(base(4096, 1, 2), true, false, true, nullptr, nullptr, 16);
+}
 // The training path (a forward saving for its backward) with sequences cut into segments and the
 // backward in rounds: 16 copies of one head group (32 value heads) at T=20480 make 4 segments of
 // 80 chunks and 2 rounds of 40 on 132 SMs, so that the forward keeps the states entering the

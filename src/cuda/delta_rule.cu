@@ -268,6 +268,8 @@ std::size_t plan(const DeltaRuleInputs& in, const DeltaRuleShape& s, ChunkCount 
   const int sms = multiprocessors();
   p.seg_group = cuda::segment_group(segments, s.HV, sms);
   p.fold_tiles = cuda::fold_tiles(s.N * s.HV, sms);
+  p.compose = summaries && !p.enters && !p.leaves && p.seg_count == 3 && p.seg_parts == 1 &&
+              p.seg_group == 1;
   p.round_group =
       cuda::segment_group(std::min<std::int64_t>(segments, rounds.slots * p.seg_count), s.HV, sms);
   const std::int64_t at_boundaries = rounds.boundaries(segments) * s.HV * kD * kD;  // floats
@@ -418,7 +420,7 @@ void summarize_forward(const Call& c) {
 // A training forward in several rounds runs the output pass, which keeps the rounds' states.
 template <typename In>
 void finish_forward(const Call& c, bool save) {
-  if (has_summaries(c.p)) cuda::launch_fold(c.p, cuda::Fold::states, c.stream);
+  if (has_summaries(c.p) && !c.p.compose) cuda::launch_fold(c.p, cuda::Fold::states, c.stream);
   if (save && !recomputes(save, c.p.rounds))
     cuda::launch_state_forward<In, cuda::Pass::save>(c.p, c.stream);
   else

@@ -108,9 +108,10 @@ __device__ inline void mma_tf32(Acc& d, const std::uint32_t (&a)[4], std::uint32
 }
 
 // The A fragment of k-tile kt (columns 16 kt .. 16 kt + 15) of a 16-row accumulator block, this
-// lane's columns 16 kt + c, + 1 (c = 2 (lane % 4)) scaled by s0, and the two 8 on by s8.
-__device__ inline void acc_to_a(std::uint32_t (&a)[4], const Acc* acc, int kt, float2 s0,
-                                float2 s8) {
+// lane's columns 16 kt + c, + 1 (c = 2 (lane % 4)) scaled by s0, and the two 8 on by s8; with
+// `rest`, in two bf16 parts (pack_bf16_split): a the rounded values, rest what rounding left.
+__device__ inline void acc_to_a(std::uint32_t (&a)[4], const Acc* acc, int kt, float2 s0, float2 s8,
+                                std::uint32_t* rest = nullptr) {
   const float* lo = acc[2 * kt];
   const float* hi = acc[2 * kt + 1];
   const float x[4][2] = {{lo[0] * s0.x, lo[1] * s0.y},
@@ -118,7 +119,8 @@ __device__ inline void acc_to_a(std::uint32_t (&a)[4], const Acc* acc, int kt, f
                          {hi[0] * s8.x, hi[1] * s8.y},
                          {hi[2] * s8.x, hi[3] * s8.y}};
 #pragma unroll
-  for (int i = 0; i < 4; ++i) a[i] = pack_bf16(x[i][0], x[i][1]);
+  for (int i = 0; i < 4; ++i)
+    a[i] = rest ? pack_bf16_split(x[i][0], x[i][1], rest[i]) : pack_bf16(x[i][0], x[i][1]);
 }
 // As above, each column j scaled by col_scale(j).
 template <typename Scale>

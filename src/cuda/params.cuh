@@ -39,6 +39,10 @@ struct Params {
   // block's slice of the state (segments.h).
   int B, T, HK, HV, N, NC, seg_count, seg_len, seg_parts, part_len, seg_group, round_group,
       fold_tiles;
+  // Three segments a sequence, transfers whole, a block a segment, no carried states: the output
+  // (or save) pass composes the state entering each third segment itself and the forward runs
+  // no fold (state_forward.cu: compose_entering).
+  bool compose;
   float scale;
   bool l2norm;
   int beta_code;  // 0 f32, 1 bf16, 2 f16 (the dtype of beta; dbeta has the same code)

@@ -35,6 +35,51 @@ constexpr int ring_stages(Pass pass) {
   return pass == Pass::recompute ? kBackwardStages : kForwardStages;
 }
 
+// The state entering segment z, the third of its sequence, composed in the output (or save) pass
+// instead of by the fold (Params::compose): S(2) = M_1 S(1) + N_1, as this warp's slice of
+// S(2)^T = S(1)^T M_1^T + N_1^T, on the tensor cores in bf16 three terms (S(1) and M_1 each split
+// hi + lo; hi hi + hi lo + lo hi: about 16 bits, as X in the chunk steps). M_1 is copied as f32
+// into stage 2 and split into two swizzled bf16 tiles in stage 1, both free before chunk 1's
+// copies (the caller issues those after). Stored to seg_state too, where the backward reads it.
+template <int kStages>
+__device__ inline void compose_entering(Acc (&S)[16], const Params& p, int z, int hv, int vw,
+                                        unsigned char* smem) {
+  static_assert(kStages >= 3 && kD * kD * 4 <= Stage::bytes, "M_1 fits a stage, f32 or split");
+  float* m = reinterpret_cast<float*>(smem + 2 * Stage::bytes);  // f32 [K][K]
+  bf16* mh = reinterpret_cast<bf16*>(smem + Stage::bytes);       // bf16 [K][K] swizzled, hi
+  bf16* ml = mh + kD * kD;                                       // ... and the rest
+  const float* M = transfer_matrix(p, z - 1, 0, hv);
+  for (int idx = threadIdx.x; idx < kD * kD / 4; idx += kThreads)
+    cp_async16(m + 4 * idx, M + 4 * idx, true);
+  cp_async_commit();
+  Acc prev[16];  // S(1)^T
+  load_state(S, segment_matrix(p.seg_local, p, z - 1, hv), vw);
+  load_state(prev, segment_matrix(p.seg_state, p, z - 1, hv), vw);
+  cp_async_wait<0>();
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < kD * kD / 4; idx += kThreads) {
+    const int r = idx / (kD / 4), c = 4 * (idx % (kD / 4));
+    const float4 x = *reinterpret_cast<const float4*>(m + 4 * idx);
+    std::uint32_t l0, l1;
+    const std::uint32_t h0 = pack_bf16_split(x.x, x.y, l0), h1 = pack_bf16_split(x.z, x.w, l1);
+    *reinterpret_cast<uint2*>(swizzled_at(mh, kD, r, c)) = make_uint2(h0, h1);
+    *reinterpret_cast<uint2*>(swizzled_at(ml, kD, r, c)) = make_uint2(l0, l1);
+  }
+  fence_proxy_async();  // the tiles, before wgmma reads them
+  __syncthreads();
+  std::uint32_t ah[8][4], al[8][4];
+  state_to_a(ah, prev, al);
+  wgmma_fence();
+  wgmma_nk(S, ah, mh, true);
+  wgmma_nk(S, ah, ml, true);
+  wgmma_nk(S, al, mh, true);
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_acc(S);
+  store_state(segment_matrix(p.seg_state, p, z, hv), vw, S);
+  __syncthreads();  // every warpgroup is done with the tiles: stages 1 and 2 take chunks again
+}
+
 // Block (hv, y, kind) of the pass: value head hv; segment y and kind = 0 (offset) or 1 + j
 // (transfer part j) of a summary, else walk y (of round p.round for the recompute).
 template <typename In, Pass kPass>
@@ -63,6 +108,8 @@ __device__ __forceinline__ void state_forward_block(const Params& p, int hv, int
     if (w.begin >= w.end) return;
   }
   const int chunks = w.end - w.begin;
+  // This block composes the state entering its segment (one segment a block, Params::compose).
+  const bool composes = kOutput && p.compose && y % p.seg_count == 2;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* smem = align_1024(smem_raw);
   [[maybe_unused]] bf16* staging =
@@ -94,8 +141,11 @@ __device__ __forceinline__ void state_forward_block(const Params& p, int hv, int
       load_state(S, boundary_matrix(p.round_state, p, boundary(p, cid, local, z), hv), vw);
     else if (z % p.seg_count == 0)
       load_state(S, sequence_matrix(p.h0, p, n, hv), vw);
-    else
+    else if (composes) {
+      if constexpr (kOutput) compose_entering<kStages>(S, p, z, hv, vw, smem);
+    } else {
       load_state(S, segment_matrix(p.seg_state, p, z, hv), vw);
+    }
   };
 
   Acc S[16];
@@ -107,7 +157,8 @@ __device__ __forceinline__ void state_forward_block(const Params& p, int hv, int
     In* o = static_cast<In*>(p.o) + v_row(p, info.b, info.t0, hv) * kD + vw;
     store_tokens<In>(qs, staging, o, static_cast<long long>(p.HV) * kD, info.len);
   };
-  for (int i = 0; i < kStages - 1; ++i) prefetch_chunk(i, info_at(i));
+  for (int i = 0; i < kStages - 1; ++i)
+    if (!(composes && i == 1)) prefetch_chunk(i, info_at(i));  // chunk 1's after the composition
   std::uint32_t sa[8][4];    // the state entering chunk i, as bf16 A fragments
   if constexpr (kSummary) {  // one segment (a transfer part may have no chunks)
     entering(S, z, 0, w.begin);
@@ -120,6 +171,7 @@ __device__ __forceinline__ void state_forward_block(const Params& p, int hv, int
     if constexpr (!kSummary) {
       z = at.z;
       entering(S, z, at.local, start);
+      if (composes) prefetch_chunk(1, info_at(1));
       state_to_a(sa, S);
     }
     const int end = min(chunks, segment_start(p, z + 1) - w.begin);

@@ -261,10 +261,13 @@ __device__ inline void lane_columns(float2 (&f)[8], const float* v) {
   for (int nt = 0; nt < 8; ++nt) f[nt] = *reinterpret_cast<const float2*>(v + 8 * nt + c);
 }
 
-// The A fragments of this warp's 16 x 128 state slice (acc) rounded to bf16.
-__device__ inline void state_to_a(std::uint32_t (&sa)[8][4], const Acc (&acc)[16]) {
+// The A fragments of this warp's 16 x 128 state slice (acc) rounded to bf16; with `rest`, in two
+// bf16 parts (sa the rounded values, rest what rounding left).
+__device__ inline void state_to_a(std::uint32_t (&sa)[8][4], const Acc (&acc)[16],
+                                  std::uint32_t (*rest)[4] = nullptr) {
 #pragma unroll
-  for (int kt = 0; kt < 8; ++kt) acc_to_a(sa[kt], acc, kt, [](int) { return 1.0f; });
+  for (int kt = 0; kt < 8; ++kt)
+    acc_to_a(sa[kt], acc, kt, float2{1.0f, 1.0f}, float2{1.0f, 1.0f}, rest ? rest[kt] : nullptr);
 }
 
 // Stores the bf16 state slice transposed, as rows v (this warp's 16) of a [V][K] tile, through
