@@ -23,10 +23,17 @@ done
 export LD_LIBRARY_PATH="/tmp/site-lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" PYTHONPATH=/tmp/site \
   TRITON_CACHE_DIR=/tmp/kernel-cache/triton TILELANG_CACHE_DIR=/tmp/kernel-cache/tilelang \
   PYTHONUNBUFFERED=1
+# The card's state before and after, in the log: a peer once ran 1.05-1.56x slower on one H100
+# than on every other while gdn's times held (RESULTS.md, forty-fourth session), unexplained.
+card_state() {
+  nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm,clocks.sm,clocks.mem,temperature.gpu,clocks_event_reasons.active \
+    --format=csv,noheader | sed "s/^/gpu_peers: $1: /"
+}
 if [ $# -gt 0 ]; then
-  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+  card_state before | tee "$out/peers.log"
   timeout "${GDN_PEERS_TIMEOUT:-0}" ${GDN_PEERS_RUNNER:-} python3 bench/peers.py "$@" 2>&1 |
-    tee "$out/peers.log"
+    tee -a "$out/peers.log"
+  card_state after | tee -a "$out/peers.log"
 fi
 for name in triton tilelang; do
   [ -d /tmp/kernel-cache/$name ] &&
