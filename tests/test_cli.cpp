@@ -191,8 +191,13 @@ TEST_F(Cli, LayerMatchesTheLibraryOnCheckpointFiles) {
     const TensorMap written = read_safetensors(path("out.safetensors"));
     EXPECT_LT(relative_error(written.at("output").ref(), out.ref()), 1e-5);
     EXPECT_LT(relative_error(written.at("grad.hidden_states").ref(), dx.ref()), 1e-5);
+    // Two ranks add in another order (the summaries' composition). A_log's and dt_bias's
+    // gradients, one value a head, are sums over every token of the gate gradient, whose terms
+    // cancel: f32 rounding of about 1e-7 comes out near 1e-5 there (1.1e-5 and 0.9e-5 without
+    // -march=native, against 1e-7 .. 6e-7 for the other weights), so they get 1e-4.
     for_each_parameter(grads, [&](const std::string& name, const HostTensor& g) {
-      EXPECT_LT(relative_error(written.at("grad." + name).ref(), g.ref()), 1e-5) << name;
+      const double tolerance = name == "A_log" || name == "dt_bias" ? 1e-4 : 1e-5;
+      EXPECT_LT(relative_error(written.at("grad." + name).ref(), g.ref()), tolerance) << name;
     });
   }
 }
