@@ -78,6 +78,11 @@ __device__ inline void cp_async_wait() {
 __device__ inline void prefetch_l2(const void* gmem, unsigned bytes) {
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(gmem), "r"(bytes) : "memory");
 }
+// Waits for the `count` threads (whole warps) that meet at named barrier `id` (1 .. 15; 0 is
+// __syncthreads'), as __syncthreads does for the whole block.
+__device__ inline void named_barrier(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
 __device__ inline void prefetch_line(const void* gmem) {
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(gmem) : "memory");
 }
@@ -91,7 +96,8 @@ template <int kCols, int kRows, int kThreads>
 __device__ inline void issue_rows(void* dst, int ld, const void* src, long long stride, int valid) {
   constexpr int kPieces = kCols / 8, kStep = kThreads / kPieces;  // kStep rows a pass
   static_assert(kThreads % kPieces == 0 && kRows % kStep == 0, "whole passes");
-  const int r = threadIdx.x / kPieces, piece = threadIdx.x % kPieces;
+  const int thread = threadIdx.x % kThreads;  // (within the threads that copy)
+  const int r = thread / kPieces, piece = thread % kPieces;
   unsigned short* to = static_cast<unsigned short*>(dst) + r * ld + piece * 8;
   const unsigned short* from = static_cast<const unsigned short*>(src) + r * stride + piece * 8;
 #pragma unroll

@@ -25,11 +25,12 @@
 // their epilogue read (dS^T, Vn, dVn, S^T, A, K, rq, rk, the gates), then V, dO and Q, waited for
 // only before the dv step. The next value head's during this one, each tile as soon as its last
 // reader passes a barrier: Vn and dVn at the start (their second tiles), dS^T after the first
-// products, S^T and dO after the [dKb; dQe] products (moved before the dk, dq products for this),
-// A, V and the gates after those; during the last value head, the f16 input rows q, k that the
-// l2norm's backward reads at the end (bf16 ones are the Q, K tiles themselves). (Plain loads of V
-// and of q, k at their point of use stalled the whole block on memory latency: 8% of the kernel
-// at T = 64k; the early loads of the second value head took it 833-843 -> 815-825 us.)
+// products (each warpgroup its column half, past a barrier of its own 4 warps), S^T and dO after
+// the [dKb; dQe] products (moved before the dk, dq products for this), A, V and the gates after
+// those; during the last value head, the f16 input rows q, k that the l2norm's backward reads at
+// the end (bf16 ones are the Q, K tiles themselves). (Plain loads of V and of q, k at their point
+// of use stalled the whole block on memory latency: 8% of the kernel at T = 64k; the early loads of
+// the second value head took it 833-843 -> 815-825 us.)
 //
 // Deterministic: no float atomics, every sum is added in an order fixed by the code, so dq dk dv
 // dg dbeta are bitwise the same run to run. dG_i and db_i have partial sums from several warps:
@@ -311,16 +312,19 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
     auto e_of = [&](int i) { return exp_ftz(G[i]); };
 
     // dKf = Vn dS^T and dR = A^T dVn (columns of this half), issued together with, for the
-    // gradient of gamma, sum(S * dS) = trace(S^T dS): this warpgroup's diagonal block of it, rows
-    // 64 half .. of the S^T and dS^T tiles (on the tensor cores: summed from the tiles by every
-    // thread, it issued 250 instructions a thread, 6% of a value head's).
+    // gradient of gamma, sum(S * dS): this warpgroup's part, the sum over this column half of the
+    // S^T and dS^T tiles, is the trace of X Y^T, X = [X0 X1] and Y = [Y0 Y1] the half's rows 0 ..
+    // and 64 .. side by side (k-tiles 4 .. 7 of a K-major tile of 64 rows are the next 64 rows)
+    // (on the tensor cores: summed from the tiles by every thread, it issued 250 instructions a
+    // thread, 6% of a value head's). So each warpgroup reads only its column half of dS^T, and
+    // the next value head's may replace it once that warpgroup is done (a barrier of 4 warps).
     Acc dkf[8], dr[8], tr[8];
     {
       std::uint32_t a[4][4];
       load_a_km(a, ab, kLdH64, r0);
       wgmma_fence();
       wgmma_kn(dkf, SmemA<8>{vn}, half128(st), kD, false);
-      wgmma_nk(tr, SmemA<8>{hs + 64 * half * 64, kD}, st + 64 * half * 64, false, kD);
+      wgmma_nk(tr, SmemA<8>{half128(hs), kC}, half128(st), false, kC);
       wgmma_commit();
       wgmma_kn(dr, a, half64(dvn), kC, false);
       wgmma_commit();
@@ -369,15 +373,20 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
       convert_do();
       fence_proxy_async();
     }
-    __syncthreads();  // dS^T is done: the next value head's takes its place
+    // This warpgroup's column half of dS^T is done: the next value head's takes its place,
+    // copied by this warpgroup (the first value head's V, dO and Q wait for the whole block).
+    if (gi == 0)
+      __syncthreads();
+    else
+      named_barrier(1 + half, 128);
     if (prefetch) {
-      issue_state(st, p.dh, gi + 1);
+      issue_rows_swizzled<64, kD, 128>(st + half * kD * 64,
+                                       p.dh + slot(p, place, hv + 1) * kD * kD + 64 * half, kD, kD);
       cp_async_commit();
-    } else if (!std::is_same_v<In, bf16> && p.l2norm) {  // f16 rows of the l2norm's backward
-      for (int which = 0; which < 2; ++which)
-        issue_rows<kD, kC, kThreads>(xs + which * kC * kD, kD,
-                                     static_cast<const In*>(which ? p.k : p.q) + row * kD,
-                                     p.HK * kD, len);
+    } else if (!std::is_same_v<In, bf16> && p.l2norm) {  // f16 rows of the l2norm's backward:
+      // q into column half 0's bytes, k into half 1's
+      issue_rows<kD, kC, 128>(xs + half * kC * kD, kD,
+                              static_cast<const In*>(half ? p.k : p.q) + row * kD, p.HK * kD, len);
       cp_async_commit();
     }
 

@@ -49,7 +49,8 @@ __device__ inline void issue_rows_swizzled(void* tile, const void* src, long lon
   constexpr int kPieces = kCols / 8, kStep = kThreads / kPieces;
   static_assert(kThreads % kPieces == 0 && kRows % kStep == 0 && kStep % 8 == 0,
                 "whole passes of rows that share a swizzle phase");
-  const int r = threadIdx.x / kPieces, piece = threadIdx.x % kPieces;
+  const int thread = threadIdx.x % kThreads;  // (within the threads that copy)
+  const int r = thread / kPieces, piece = thread % kPieces;
   unsigned char* to = static_cast<unsigned char*>(tile) + swizzled_offset(kRows, r, piece);
   const unsigned short* from = static_cast<const unsigned short*>(src) + r * stride + piece * 8;
 #pragma unroll
