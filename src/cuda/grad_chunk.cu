@@ -123,25 +123,6 @@ __device__ inline void store_pass(std::uint32_t* stage, int pass, int r0, int le
   __syncwarp();
 }
 
-// out[r] += row sums (rows lo, lo + 8 of a 16-row block) of n accumulator tiles times w(col),
-// by the row's owner (lane 4 g: the same thread for every term of the row, in program order).
-template <int N, typename Weight>
-__device__ inline void add_row_sums(float* out, int row0, const Acc (&x)[N], Weight w,
-                                    float factor_lo, float factor_hi) {
-  float lo = 0, hi = 0;
-#pragma unroll
-  for (int nt = 0; nt < N; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) (e < 2 ? lo : hi) += x[nt][e] * w(nt, e);
-  lo = row_sum(lo);
-  hi = row_sum(hi);
-  if (threadIdx.x % 4 == 0) {
-    const int g = threadIdx.x % 32 / 4;
-    out[row0 + g] += factor_lo * lo;
-    out[row0 + g + 8] += factor_hi * hi;
-  }
-}
-
 template <typename In>
 __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
   begin_dependent();  // launch.cuh
@@ -395,9 +376,11 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
     fence_acc(dr);
     {
       In* dv = static_cast<In*>(p.dv) + vrow * kD;
-      float vd[8][4];
-      // dv through the warp's 1 KB of dls's tile (free until dL).
+      // dv through the warp's 1 KB of dls's tile (free until dL); db's row terms V_i . dR_i summed
+      // as V's pairs are read, by n-tile, then element (V kept in registers for a sum after the
+      // stores held 32 of them).
       std::uint32_t* stage = reinterpret_cast<std::uint32_t*>(dls) + warp * 256;
+      float lo = 0, hi = 0;
 #pragma unroll
       for (int pass = 0; pass < 2; ++pass)
         store_pass(
@@ -406,12 +389,15 @@ __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
               const int i = row_of(e), j = 64 * half + col(nt, e);
               const float2 x =
                   unpack2<In>(*reinterpret_cast<const std::uint32_t*>(vs + i * kLdH + j));
-              vd[nt][e] = x.x, vd[nt][e + 1] = x.y;
+              float& sum = e < 2 ? lo : hi;
+              sum += x.x * dr[nt][e];
+              sum += x.y * dr[nt][e + 1];
               return pack2<In>(beta[i] * dr[nt][e], beta[i] * dr[nt][e + 1]);
             },
             [&](int i) { return dv + static_cast<long long>(i) * p.HV * kD + 64 * half; });
-      add_row_sums(
-          db, r0, dr, [&](int nt, int e) { return vd[nt][e]; }, 1.0f, 1.0f);
+      lo = row_sum(lo);
+      hi = row_sum(hi);
+      if (lane % 4 == 0) db[i_lo] += lo, db[i_hi] += hi;
     }
     __syncthreads();  // every warp is done with dVn and A
 #pragma unroll
