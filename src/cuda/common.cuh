@@ -78,13 +78,13 @@ __device__ inline void cp_async_wait() {
 __device__ inline void prefetch_l2(const void* gmem, unsigned bytes) {
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(gmem), "r"(bytes) : "memory");
 }
+__device__ inline void prefetch_line(const void* gmem) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(gmem) : "memory");
+}
 // Waits for the `count` threads (whole warps) that meet at named barrier `id` (1 .. 15; 0 is
 // __syncthreads'), as __syncthreads does for the whole block.
 __device__ inline void named_barrier(int id, int count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
-__device__ inline void prefetch_line(const void* gmem) {
-  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(gmem) : "memory");
 }
 
 // Issues, without waiting, the copies of kRows rows of kCols 16-bit values (row r from
