@@ -248,6 +248,24 @@ TEST(CudaDeltaRule, TrainingWithSegmentsInRounds) {
   EXPECT_GT(cuda::plan_rounds(seg.count, seg.length, 20480 / 64, 32).count, 1);
   check_problem(base(20480, 1, 2), true, true, true, nullptr, nullptr, 16);
 }
+// The backward's chains beside grad_chunk (Params::beside): 16 copies of one head group make 32
+// value heads, which at T=4096 on 132 SMs run state_backward a block a value head over the whole
+// sequence, no gradient offsets, while grad_chunk's blocks wait for each chunk's flags: the
+// training path (saved states), a backward that recomputes them, one that recomputes the forward
+// too, and f16 inputs.
+TEST(CudaDeltaRule, ChainsBesideGradChunk) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const int sms = multiprocessors();
+  for (const bool training : {true, false})
+    EXPECT_TRUE(
+        cuda::chains_beside(32, 64, cuda::plan_segments(32, 64, false, training, sms), sms));
+  check_problem(base(4096, 1, 2), true, true, true, nullptr, nullptr, 16);
+  check_problem(base(4096, 1, 2), true, false, true, nullptr, nullptr, 16);
+  check_problem(base(4096, 1, 2), false, false, true, nullptr, nullptr, 16);
+  Problem p = base(4096, 1, 2);
+  p.dtype = DType::f16;
+  check_problem(p, true, true, true, nullptr, nullptr, 16);
+}
 // The folds' blocks take 8, 16 or 32 columns of the state (segments.h: fold_tiles), by how many
 // sequences x value heads there are to fill the GPU: one problem at T=8192 on copies of its head
 // group for each width, each cut into at least three segments so that the folds run steps.

@@ -41,6 +41,19 @@ TEST(CudaSegments, MeasuredShapes) {
 
 // The folds' slice width: 32 columns where the blocks of the chains fill three quarters of an
 // H200's 132 SMs, 16 where twice as many blocks do, else 8.
+// The backward's chains beside grad_chunk (chains_beside), measured on an H100 (bench/RESULTS.md,
+// fiftieth session): 32 value heads at T = 4096 and 16384 (backward 0.352 -> 0.27 and 1.21 ->
+// 0.96 ms) take it; 2 heads at T = 65536 (a 1024-step chain) and 16 at T = 16384 (grad_chunk's
+// work no longer than the chain) keep the segments, as do heads that fill the GPU.
+TEST(CudaSegments, ChainsBeside) {
+  for (const std::int64_t chunks : {64, 256})
+    EXPECT_TRUE(chains_beside(32, chunks, plan_segments(32, chunks, false, true, kH200), kH200))
+        << chunks << " chunks";
+  EXPECT_FALSE(chains_beside(2, 1024, plan_segments(2, 1024, false, true, kH200), kH200));
+  EXPECT_FALSE(chains_beside(16, 256, plan_segments(16, 256, false, true, kH200), kH200));
+  EXPECT_FALSE(chains_beside(kH200, 64, plan_segments(kH200, 64, false, true, kH200), kH200));
+}
+
 TEST(CudaSegments, FoldTiles) {
   EXPECT_EQ(fold_tiles(32, 132), 4);  // 128 blocks
   EXPECT_EQ(fold_tiles(25, 132), 4);  // 100 blocks

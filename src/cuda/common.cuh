@@ -81,6 +81,20 @@ __device__ inline void prefetch_l2(const void* gmem, unsigned bytes) {
 __device__ inline void prefetch_line(const void* gmem) {
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(gmem) : "memory");
 }
+
+// A flag between blocks running at once (Params::beside): fence_gpu orders what this thread, and
+// every thread whose writes it has seen through a barrier, wrote before the flag store after it;
+// load_acquire orders the flag's load before this thread's later reads (and, through a barrier,
+// other threads').
+__device__ inline void fence_gpu() {
+  asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
+}
+__device__ inline int load_acquire(const int* flag) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(flag) : "memory");
+  return v;
+}
+
 // Waits for the `count` threads (whole warps) that meet at named barrier `id` (1 .. 15; 0 is
 // __syncthreads'), as __syncthreads does for the whole block.
 __device__ inline void named_barrier(int id, int count) {

@@ -153,9 +153,10 @@ bool has_summaries(const cuda::Params& p) {
   return p.seg_count > 1 || p.enters || p.leaves;
 }
 
-// Whether the backward runs the gradient offsets D_k (a summary of each segment's gradient).
+// Whether the backward runs the gradient offsets D_k (a summary of each segment's gradient):
+// not with its chains beside grad_chunk, which run each sequence whole.
 bool has_grad_offsets(const cuda::Params& p) {
-  return p.seg_count > 1 || p.enters;
+  return (p.seg_count > 1 || p.enters) && !p.beside;
 }
 
 // The header of a call's workspace (the forward's, or what a backward expects there).
@@ -266,6 +267,8 @@ std::size_t plan(const DeltaRuleInputs& in, const DeltaRuleShape& s, ChunkCount 
   p.round_slots = static_cast<int>(rounds.slots);
   p.round_by_slots = rounds.by_slots;
   const int sms = multiprocessors();
+  p.beside = backward && s.N == 1 && rounds.count == 1 && !p.enters && !p.leaves &&
+             cuda::chains_beside(s.HV, NC, {p.seg_count, p.seg_len, p.seg_parts, p.part_len}, sms);
   p.seg_group = cuda::segment_group(segments, s.HV, sms);
   p.fold_tiles = cuda::fold_tiles(s.N * s.HV, sms);
   p.compose = summaries && !p.enters && !p.leaves && p.seg_count == 3 && p.seg_parts == 1 &&
@@ -292,7 +295,7 @@ std::size_t plan(const DeltaRuleInputs& in, const DeltaRuleShape& s, ChunkCount 
     p.seq_begin = b.take<int>(s.N);
     p.seq_len = b.take<int>(s.N);
   }
-  if (summaries) {
+  if (summaries && !p.beside) {
     p.seg_dlocal = b.take<float>(matrices);
     p.seg_dstate = b.take<float>(matrices);
   }
@@ -306,6 +309,7 @@ std::size_t plan(const DeltaRuleInputs& in, const DeltaRuleShape& s, ChunkCount 
   if (rounds.count > 1) p.round_dstate = b.take<float>(at_boundaries);
   p.dh = b.take<bf16>(rounds.slots * s.HV * kD * kD);
   p.dvn = b.take<bf16>(rounds.slots * s.HV * kC * kD);
+  if (p.beside) p.ready = b.take<int>(rounds.slots * s.HV);
   return b.used;
 }
 
@@ -450,7 +454,9 @@ void summarize_backward(const Call& c) {
 
 template <typename In>
 void finish_backward(const Call& c) {
-  if (has_summaries(c.p)) cuda::launch_fold(c.p, cuda::Fold::grad_states, c.stream);
+  if (has_summaries(c.p) && !c.p.beside) cuda::launch_fold(c.p, cuda::Fold::grad_states, c.stream);
+  if (c.p.beside)
+    GDN_CUDA_CHECK(cudaMemsetAsync(c.p.ready, 0, sizeof(int) * c.p.round_slots * c.p.HV, c.stream));
   cuda::Params round = c.p;
   for (round.round = c.p.rounds - 1; round.round >= 0; --round.round) {    // the last first
     const bool done = round.round == c.p.rounds - 1 && shares_summary(c);  // h, Vn

@@ -125,20 +125,33 @@ __device__ inline void store_pass(std::uint32_t* stage, int pass, int r0, int le
 
 template <typename In>
 __global__ void __launch_bounds__(kThreads) grad_chunk_kernel(Params p) {
-  begin_dependent();  // launch.cuh
+  // Beside the chains (Params::beside) this launch starts once every state_backward block is
+  // running (launch.cuh: each lets the next launch once started): its blocks wait for their
+  // chunk's flags, not for state_backward's end.
+  if (p.beside)
+    launch_dependents();
+  else
+    begin_dependent();  // launch.cuh
   // The chunk at `place` in this round's dh and dVn (params.cuh: rounds).
   // A chunk's key heads are consecutive blocks (as in chunk_prep): the 32-byte sectors of g, rq,
   // rk, dg and dbeta that their blocks share, a few bytes each, meet in L2. The places run over
   // y, then z (a grid's y holds at most 65535), so that both are block indices, which the
   // compiler reads again where it needs them instead of holding them in registers.
-  const int place = blockIdx.z * gridDim.y + blockIdx.y, hk = blockIdx.x, tid = threadIdx.x;
-  if (place >= p.round_slots) return;
+  // Beside the chains, the last places first: the chains store them first.
+  const int order = blockIdx.z * gridDim.y + blockIdx.y, hk = blockIdx.x, tid = threadIdx.x;
+  if (order >= p.round_slots) return;
+  const int place = p.beside ? p.round_slots - 1 - order : order;
   const RoundChunk at = p.round_chunks[static_cast<long long>(p.round) * p.round_slots + place];
   // The chunk's slot, read from shared memory at each use: held in a register, live through every
   // product at 255 registers a thread, it cost the kernel 3-7% (bench/RESULTS.md, seventeenth
   // session); the block index it was before the rounds the compiler recomputed for free.
   __shared__ int shared_cid;
-  if (tid == 0) shared_cid = at.cid;
+  if (tid == 0) {
+    shared_cid = at.cid;
+    if (p.beside && at.info.len > 0)  // the chunk's dh and dVn, of each value head of the group
+      for (int hv = hk * (p.HV / p.HK); hv < (hk + 1) * (p.HV / p.HK); ++hv)
+        while (load_acquire(p.ready + slot(p, place, hv)) == 0) __nanosleep(64);
+  }
   __syncthreads();
   auto chunk = [&] { return *static_cast<volatile int*>(&shared_cid); };
   const int warp = tid / 32, lane = tid % 32, g = lane / 4, c = 2 * (lane % 4);

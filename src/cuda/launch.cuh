@@ -14,9 +14,12 @@
 
 namespace gdn::cuda {
 
+__device__ inline void launch_dependents() {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
 __device__ inline void begin_dependent() {
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  launch_dependents();
 }
 
 template <typename... Args>

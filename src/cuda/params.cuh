@@ -121,8 +121,14 @@ struct Params {
   RoundChunk* round_chunks;  // [rounds, round_slots]
   float* round_state;        // [boundaries, HV, K, V]  (rounds > 1; boundary() says which)
   float* round_dstate;       // [boundaries, HV, K, V]  (rounds > 1)
-  bf16* dh;     // [round_slots, HV, V, K]  the gradient of the state leaving a chunk, transposed
-  bf16* dvn;    // [round_slots, HV, 64, V]  dVn
+  bf16* dh;   // [round_slots, HV, V, K]  the gradient of the state leaving a chunk, transposed
+  bf16* dvn;  // [round_slots, HV, 64, V]  dVn
+  // Chains beside (segments.h: chains_beside): one sequence in one round, whose state_backward
+  // runs a block a value head over the whole sequence while grad_chunk's blocks run on the other
+  // multiprocessors, each once ready[place HV + hv] is set for its value heads (state_backward
+  // sets it when that chunk's dh and dVn are stored; the backward zeroes it first).
+  bool beside;
+  int* ready;   // [round_slots, HV]
   void* dq;     // [B, T, HK, K]  In
   void* dk;     // [B, T, HK, K]  In
   void* dv;     // [B, T, HV, V]  In

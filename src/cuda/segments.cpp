@@ -39,6 +39,12 @@ constexpr std::int64_t kGradSummaryStep = 26, kGradStep = 37, kFoldStep = 6, kFo
 // measured no faster than 3 (0.181-0.186 against 0.183-0.187 ms; bench/RESULTS.md,
 // twenty-seventh session) and with more workspace.
 constexpr int kFoldBlocks = 16;
+// Chains beside grad_chunk (chains_beside), in tenths of a microsecond: a step of state_backward's
+// chain with grad_chunk running beside it, and grad_chunk's work a chunk and value head, of one
+// SM's time (an H100, fiftieth session: state_backward alone 832 us for 256 steps, 3.25 us a
+// step, beside grad_chunk about 3.6; grad_chunk 717 us for 256 chunks of 32 value heads on 132
+// SMs).
+constexpr std::int64_t kBesideStep = 36, kGradChunkStep = 116;
 // A block's start and end (its state loaded and stored, its copies' prologue), per round of
 // blocks on a multiprocessor: fitted so that short segments do not pay for their extra blocks
 // (T = 4096 at 32 heads keeps 3 segments, T = 65536 at 2 heads 34 for inference).
@@ -123,6 +129,23 @@ SegmentPlan plan_segments(std::int64_t heads, std::int64_t longest, bool carried
   if (plans.size() >= 4096) plans.clear();
   return plans[key] = search(std::max<std::int64_t>(heads, 1), longest, carried, training,
                              std::max(1, multiprocessors));
+}
+
+bool chains_beside(std::int64_t value_heads, std::int64_t chunks, const SegmentPlan& plan,
+                   int multiprocessors) {
+  const std::int64_t heads = value_heads, sms = multiprocessors;
+  if (heads >= sms) return false;
+  const auto waves = [&](std::int64_t per_head) { return ceil_div(per_head * heads, sms); };
+  const std::int64_t grad = kGradChunkStep * chunks * heads;  // SM time, spread over the SMs
+  const std::int64_t count = plan.count, seg = plan.length;
+  std::int64_t segments = (kGradStep * seg + kBlockStart) * waves(count) + ceil_div(grad, sms);
+  if (count > 1)
+    segments += (kGradSummaryStep * seg + kBlockStart) * waves(count - 1) +
+                (kFoldStep + kFoldWave * waves(kFoldBlocks)) *
+                    (count + std::max<std::int64_t>(count - 2, 0) * (plan.parts - 1));
+  const std::int64_t beside =
+      std::max(kBesideStep * chunks, ceil_div(grad, sms - heads)) + kBlockStart;
+  return beside < segments;
 }
 
 int fold_tiles(std::int64_t chains, int multiprocessors) {

@@ -22,8 +22,9 @@ void launch_state_backward(const Params& p, cudaStream_t stream) {
   auto kernel = state_backward_kernel<In, kSummary>;
   GDN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       Ring<kBackwardStages>::smem_bytes));
-  launch_dependent(kernel, dim3(p.HV, kSummary ? p.N * p.seg_count : round_blocks(p)), kThreads,
-                   Ring<kBackwardStages>::smem_bytes, stream, p);
+  const int blocks = kSummary ? p.N * p.seg_count : p.beside ? p.N : round_blocks(p);
+  launch_dependent(kernel, dim3(p.HV, blocks), kThreads, Ring<kBackwardStages>::smem_bytes, stream,
+                   p);
 }
 
 template void launch_state_backward<bf16, false>(const Params&, cudaStream_t);

@@ -11,6 +11,11 @@
 // the gradient entering them: from dS_T for the last segment (that is the gradient leaving
 // segment last - 1, unless the last is also the first), from zero for the others (D_k, with
 // dS_start = M_k^T dS_end + D_k, in seg_dlocal; fold.cu composes them).
+// With the chains beside grad_chunk (Params::beside) block (hv, n) runs sequence n whole, its
+// state gradient carried across the segments, and publishes each chunk's dh and dVn to
+// grad_chunk's waiting blocks in `ready`: once every thread has released the chunk's stage (an
+// mbarrier: their stores are issued before), one thread fences at GPU scope and sets the flag,
+// a step later, in the fill that waits on that release anyway; the last steps' after the walk.
 #include "cuda/state_pass.cuh"
 
 namespace gdn::cuda {
@@ -28,6 +33,10 @@ __device__ __forceinline__ void state_backward_block(const Params& p, int hv, in
     const Segment seg = segment(p, y);
     if (seg.chunks <= 0 || !has_grad_offset(p, seg)) return;
     w = {seg.first, seg.first + seg.chunks, 0};
+  } else if (p.beside) {  // sequence y, one round: its places are its slots' order from its first
+    const int z = y * p.seg_count;
+    w = {segment_start(p, z), segment_start(p, z + p.seg_count), p.round_first[z]};
+    if (w.begin >= w.end) return;
   } else {
     w = walk(p, y, true);
     if (w.begin >= w.end) return;
@@ -52,7 +61,9 @@ __device__ __forceinline__ void state_backward_block(const Params& p, int hv, in
   // for a sequence's last segment).
   auto leaving = [&](Acc(&dS)[16], int z, const ChunkInfo& info, int local, int cid) {
     const bool last = ends_sequence(p, info);
-    if (kSummary && !last)
+    if (!kSummary && p.beside) {  // carried from the segment after, but for the sequence's last
+      if (last) load_state(dS, sequence_matrix(p.dht, p, info.n, hv), vw);
+    } else if (kSummary && !last)
       load_state(dS, nullptr, vw);
     else if (cid + 1 < segment_start(p, z + 1))  // the segment goes on in the round after
       load_state(dS, boundary_matrix(p.round_dstate, p, boundary(p, cid + 1, local + 1, z), hv),
@@ -63,6 +74,13 @@ __device__ __forceinline__ void state_backward_block(const Params& p, int hv, in
       load_state(dS, segment_matrix(p.seg_dstate, p, z, hv), vw);
   };
 
+  // Beside: chunk `step`'s dh and dVn are stored and visible at GPU scope (the caller fenced).
+  auto publish = [&](int step) {
+    asm volatile("st.relaxed.gpu.global.b32 [%0], %1;" ::"l"(
+                     p.ready + slot(p, w.place + chunks - 1 - step, hv)),
+                 "r"(1)
+                 : "memory");
+  };
   Acc dS[16];
   for (int step = 0; step < kBackwardStages - 1; ++step) prefetch_step(step, info_at(step));
   // A segment at a time, from its last chunk here (top) down to its first here (bottom); the
@@ -91,7 +109,14 @@ __device__ __forceinline__ void state_backward_block(const Params& p, int hv, in
       wgmma_nk(dvn, da, t.k, false);
       wgmma_commit();
       prefetch_step(step + kBackwardStages - 1, ahead);
-      if constexpr (!kSummary) store_state_t(p.dh + s * kD * kD, vw, da, staging);  // meanwhile
+      if constexpr (!kSummary) {
+        // The fill just past waited until every thread released step - 1 (its stores issued).
+        if (p.beside && threadIdx.x == 0 && step >= 1 && step + kBackwardStages - 1 < chunks) {
+          fence_gpu();
+          publish(step - 1);
+        }
+        store_state_t(p.dh + s * kD * kD, vw, da, staging);  // meanwhile
+      }
       // dO^T, and dO^T diag(scale e) in two bf16 parts (sa + sl, pack_bf16_split): rounding it to
       // bf16 once cost 30% of dh0's accuracy under strong gates (bench/rounding.py).
       std::uint32_t oa[4][4], sa[4][4], sl[4][4];
@@ -175,6 +200,13 @@ __device__ __forceinline__ void state_backward_block(const Params& p, int hv, in
                   dS);
     } else if (p.dh0 && z % p.seg_count == 0) {
       store_state(sequence_matrix(p.dh0, p, z / p.seg_count, hv), vw, dS);
+    }
+  }
+  if (!kSummary && p.beside) {  // the steps not published yet, once the walk's stores are done
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      fence_gpu();
+      for (int step = max(0, chunks - kBackwardStages); step < chunks; ++step) publish(step);
     }
   }
 }
