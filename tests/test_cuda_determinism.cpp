@@ -163,6 +163,11 @@ TEST(CudaDeterminism, UnalignedLengthGroupedHeads) {
 TEST(CudaDeterminism, LongSequenceInSegments) {
   check_deterministic(base(4096, 2, 4));
 }
+// 32 value heads at T=4096, one sequence: the backward's chains beside grad_chunk
+// (Params::beside), whose blocks wait for the flags the chains set.
+TEST(CudaDeterminism, ChainsBeside) {
+  check_deterministic(base(4096, 16, 32));
+}
 TEST(CudaDeterminism, TwoBatchRows) {
   Problem p = base(300, 2, 4);
   p.B = 2;

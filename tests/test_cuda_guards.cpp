@@ -255,15 +255,10 @@ TEST(CudaForwardWorkspace, TheNextCallThrowsThenAMatchingPairRuns) {
     EXPECT_EQ(nans(*t), 0);
 }
 
-// A saving forward and the backward reading it, captured in one CUDA graph (offsets on the
-// device only: no host read, no synchronization) and replayed twice: the same bytes as the
-// calls run directly. In its own process (ctest), the capture also makes the first call that
-// needs the mailbox, which allocates it in relaxed capture mode.
-TEST(CudaGraph, ForwardAndBackwardCapturedAndReplayed) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  Problem p = base(0, 2, 4);
-  p.seqlens = {1, 63, 64, 65, 700, 130};
-  for (auto n : p.seqlens) p.T += n;
+// A saving forward and the backward reading it, captured in one CUDA graph (offsets, if any, on
+// the device only: no host read, no synchronization) and replayed twice: the same bytes as the
+// calls run directly.
+void capture_and_replay(const Problem& p) {
   OnDevice d(p);
   const std::size_t fwd_bytes = delta_rule_forward_cuda_workspace(d.in, {}, true);
   const std::size_t bwd_bytes = delta_rule_backward_cuda_workspace(d.in, {}, true, true);
@@ -321,6 +316,22 @@ TEST(CudaGraph, ForwardAndBackwardCapturedAndReplayed) {
   GDN_CUDA_CHECK(cudaGraphExecDestroy(exec));
   GDN_CUDA_CHECK(cudaGraphDestroy(graph));
   GDN_CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+// In its own process (ctest), the capture also makes the first call that needs the mailbox,
+// which allocates it in relaxed capture mode.
+TEST(CudaGraph, ForwardAndBackwardCapturedAndReplayed) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  Problem p = base(0, 2, 4);
+  p.seqlens = {1, 63, 64, 65, 700, 130};
+  for (auto n : p.seqlens) p.T += n;
+  capture_and_replay(p);
+}
+// 32 value heads at T=4096, one sequence: the backward's chains beside grad_chunk, with the flags'
+// zeroing (a memset node) and the gradient blocks that wait on them inside the graph.
+TEST(CudaGraph, ChainsBesideCapturedAndReplayed) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  capture_and_replay(base(4096, 16, 32));
 }
 
 }  // namespace
