@@ -252,7 +252,7 @@ TEST(CudaDeltaRule, TrainingWithSegmentsInRounds) {
 // value heads, which at T=4096 on 132 SMs run state_backward a block a value head over the whole
 // sequence, no gradient offsets, while grad_chunk's blocks wait for each chunk's flags: the
 // training path (saved states), a backward that recomputes them, one that recomputes the forward
-// too, and f16 inputs.
+// too, f16 inputs, and no states or l2norm (the chains start from zero).
 TEST(CudaDeltaRule, ChainsBesideGradChunk) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   const int sms = multiprocessors();
@@ -264,6 +264,9 @@ TEST(CudaDeltaRule, ChainsBesideGradChunk) {
   check_problem(base(4096, 1, 2), false, false, true, nullptr, nullptr, 16);
   Problem p = base(4096, 1, 2);
   p.dtype = DType::f16;
+  check_problem(p, true, true, true, nullptr, nullptr, 16);
+  p = base(4000, 1, 2);
+  p.initial_state = false, p.final_state_grad = false, p.use_qk_l2norm = false;
   check_problem(p, true, true, true, nullptr, nullptr, 16);
 }
 // The folds' blocks take 8, 16 or 32 columns of the state (segments.h: fold_tiles), by how many
