@@ -43,14 +43,16 @@ TEST(CudaSegments, MeasuredShapes) {
 // H200's 132 SMs, 16 where twice as many blocks do, else 8.
 // The backward's chains beside grad_chunk (chains_beside), measured on an H100 (bench/RESULTS.md,
 // fiftieth session): 32 value heads at T = 4096 and 16384 (backward 0.352 -> 0.27 and 1.21 ->
-// 0.96 ms) take it; 2 heads at T = 65536 (a 1024-step chain) and 16 at T = 16384 (grad_chunk's
-// work no longer than the chain) keep the segments, as do heads that fill the GPU.
+// 0.96 ms) take it; 2 heads at T = 65536 (a 1024-step chain), 16 at T = 16384 (grad_chunk's
+// work no longer than the chain) and at T = 1024 (beside: 0.137 -> 0.151 ms) keep the segments,
+// as do heads that fill the GPU.
 TEST(CudaSegments, ChainsBeside) {
   for (const std::int64_t chunks : {64, 256})
     EXPECT_TRUE(chains_beside(32, chunks, plan_segments(32, chunks, false, true, kH200), kH200))
         << chunks << " chunks";
   EXPECT_FALSE(chains_beside(2, 1024, plan_segments(2, 1024, false, true, kH200), kH200));
   EXPECT_FALSE(chains_beside(16, 256, plan_segments(16, 256, false, true, kH200), kH200));
+  EXPECT_FALSE(chains_beside(16, 16, plan_segments(16, 16, false, true, kH200), kH200));
   EXPECT_FALSE(chains_beside(kH200, 64, plan_segments(kH200, 64, false, true, kH200), kH200));
 }
 

@@ -43,7 +43,9 @@ constexpr int kFoldBlocks = 16;
 // chain with grad_chunk running beside it, and grad_chunk's work a chunk and value head, of one
 // SM's time (an H100, fiftieth session: state_backward alone 832 us for 256 steps, 3.25 us a
 // step, beside grad_chunk about 3.6; grad_chunk 717 us for 256 chunks of 32 value heads on 132
-// SMs).
+// SMs). With the block that waits for the chain's last step the model keeps the segments for
+// T = 1024 at 16 value heads (beside took it 0.137 -> 0.151 ms) and T = 4096 at 24 (0.456 ->
+// 0.435: a small win it gives up).
 constexpr std::int64_t kBesideStep = 36, kGradChunkStep = 116;
 // A block's start and end (its state loaded and stored, its copies' prologue), per round of
 // blocks on a multiprocessor: fitted so that short segments do not pay for their extra blocks
@@ -143,8 +145,11 @@ bool chains_beside(std::int64_t value_heads, std::int64_t chunks, const SegmentP
     segments += (kGradSummaryStep * seg + kBlockStart) * waves(count - 1) +
                 (kFoldStep + kFoldWave * waves(kFoldBlocks)) *
                     (count + std::max<std::int64_t>(count - 2, 0) * (plan.parts - 1));
+  // Beside, the first chunk's gradients wait for the whole chain: one grad_chunk block (a key
+  // head of two value heads) after its last step.
   const std::int64_t beside =
-      std::max(kBesideStep * chunks, ceil_div(grad, sms - heads)) + kBlockStart;
+      std::max(kBesideStep * chunks + 2 * kGradChunkStep, ceil_div(grad, sms - heads)) +
+      kBlockStart;
   return beside < segments;
 }
 
