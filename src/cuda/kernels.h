@@ -9,7 +9,9 @@
 //           (state_forward<states>), [state_backward<summary>, fold<grad_states>],
 //           ((state_forward<recompute>), state_backward, grad_chunk) in rounds, the last first
 //           (params.cuh: rounds; Params::round says which); with both, the summary and the last
-//           round's recompute in one launch (launch_backward_summary)
+//           round's recompute in one launch (launch_backward_summary); with the chains beside
+//           grad_chunk (Params::beside: one sequence, one round) no summary or fold, and
+//           state_backward over the whole sequence with grad_chunk running beside it
 // (the bracketed launches only when sequences are cut into segments, seg_count > 1, or carry
 // states across ranks; the braced ones not when the backward reads the forward's workspace; the
 // states pass only with several rounds and no saving forward, the recompute pass not after a
@@ -41,8 +43,9 @@ enum class Pass {
 // Serial over the chunks of each segment, a warpgroup per 64 columns of V (state_pass.cuh).
 template <typename In, Pass kPass>
 void launch_state_forward(const Params& p, cudaStream_t stream);
-// Serial in reverse over the chunks of each segment: dh, dVn, dh0; or, as a summary, the state
-// gradient entering each segment from a zero gradient at its end.
+// Serial in reverse over the chunks of each segment (beside: of the whole sequence, setting each
+// chunk's ready flags): dh, dVn, dh0; or, as a summary, the state gradient entering each segment
+// from a zero gradient at its end.
 template <typename In, bool kSummary>
 void launch_state_backward(const Params& p, cudaStream_t stream);
 // state_backward's summary and, beside it in the same launch, state_forward's recompute of the
@@ -61,7 +64,8 @@ void launch_transpose(int count, float* M, cudaStream_t stream);
 void launch_copy_2d(void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch,
                     std::size_t width, std::size_t height, cudaStream_t stream);
 // Per (chunk, key head), looping over its value heads: dv, dg, dbeta per value head; dq, dk
-// summed over the group and back through the l2norm.
+// summed over the group and back through the l2norm. Beside the chains (Params::beside) its
+// blocks run while state_backward does, each once its chunk's flags are set.
 template <typename In>
 void launch_grad_chunk(const Params& p, cudaStream_t stream);
 
