@@ -269,6 +269,18 @@ TEST(CudaDeltaRule, ChainsBesideGradChunk) {
   p.initial_state = false, p.final_state_grad = false, p.use_qk_l2norm = false;
   check_problem(p, true, true, true, nullptr, nullptr, 16);
 }
+// The chains beside grad_chunk in rounds (Params::beside): 16 copies of one head group make 32
+// value heads, which at T=65536 on 132 SMs take 4 segments of 256 chunks and 4 rounds; beside,
+// round z runs segment z (its recompute in 4 slices from the states the forward kept, its chain
+// from the state gradient the round after left).
+TEST(CudaDeltaRule, ChainsBesideInRounds) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const int sms = multiprocessors();
+  const cuda::SegmentPlan seg = cuda::plan_segments(32, 1024, false, true, sms);
+  EXPECT_GT(cuda::plan_rounds(seg.count, seg.length, 1024, 32).count, 1);
+  EXPECT_TRUE(cuda::chains_beside(32, 1024, seg, sms));
+  check_problem(base(65536, 1, 2), true, true, true, nullptr, nullptr, 16);
+}
 // The folds' blocks take 8, 16 or 32 columns of the state (segments.h: fold_tiles), by how many
 // sequences x value heads there are to fill the GPU: one problem at T=8192 on copies of its head
 // group for each width, each cut into at least three segments so that the folds run steps.

@@ -167,6 +167,7 @@ TEST(CudaDeterminism, LongSequenceInSegments) {
 // (Params::beside), whose blocks wait for the flags the chains set.
 TEST(CudaDeterminism, ChainsBeside) {
   check_deterministic(base(4096, 16, 32));
+  check_deterministic(base(65536, 16, 32));  // in rounds, a segment each
 }
 TEST(CudaDeterminism, TwoBatchRows) {
   Problem p = base(300, 2, 4);

@@ -47,7 +47,8 @@ TEST(CudaSegments, MeasuredShapes) {
 // work no longer than the chain) and at T = 1024 (beside: 0.137 -> 0.151 ms) keep the segments,
 // as do heads that fill the GPU.
 TEST(CudaSegments, ChainsBeside) {
-  for (const std::int64_t chunks : {64, 256})
+  // T = 65536 in rounds: 4 of them, a segment each.
+  for (const std::int64_t chunks : {64, 256, 1024})
     EXPECT_TRUE(chains_beside(32, chunks, plan_segments(32, chunks, false, true, kH200), kH200))
         << chunks << " chunks";
   EXPECT_FALSE(chains_beside(2, 1024, plan_segments(2, 1024, false, true, kH200), kH200));

@@ -174,7 +174,7 @@ __global__ void chunk_table_kernel(Params p) {
         places_so_far += tile_total;
       }
     }
-    const long long places = static_cast<long long>(p.rounds) * p.round_slots;
+    const long long places = static_cast<long long>(backward_rounds(p)) * p.round_slots;
     for (long long i = threadIdx.x; i < places; i += blockDim.x)
       p.round_chunks[i] = RoundChunk{0, ChunkInfo{0, 0, 0, 0, 0}};
     for (int r = threadIdx.x; r < p.rounds && p.round_by_slots; r += blockDim.x)
@@ -197,7 +197,10 @@ __global__ void chunk_table_kernel(Params p) {
       info = {lo, p.cu_seqlens ? 0 : lo, p.seq_begin[lo] + t0, min(kC, p.seq_len[lo] - t0), index};
     }
     p.chunks[cid] = info;
-    if (p.round_chunks && info.len > 0) {
+    if (p.round_chunks && info.len > 0 && beside_in_rounds(p)) {  // round k: segment k
+      const int k = info.index / p.seg_len, local = info.index % p.seg_len;
+      p.round_chunks[static_cast<long long>(k) * p.round_slots + local] = RoundChunk{cid, info};
+    } else if (p.round_chunks && info.len > 0) {
       const int k = info.index / p.seg_len, local = info.index % p.seg_len;
       const int r = (p.round_by_slots ? cid : local) / p.round_len;
       const int place = p.round_by_slots ? cid % p.round_len

@@ -267,7 +267,7 @@ std::size_t plan(const DeltaRuleInputs& in, const DeltaRuleShape& s, ChunkCount 
   p.round_slots = static_cast<int>(rounds.slots);
   p.round_by_slots = rounds.by_slots;
   const int sms = multiprocessors();
-  p.beside = backward && s.N == 1 && rounds.count == 1 && !p.enters && !p.leaves &&
+  p.beside = backward && s.N == 1 && !p.enters && !p.leaves &&
              cuda::chains_beside(s.HV, NC, {p.seg_count, p.seg_len, p.seg_parts, p.part_len}, sms);
   p.seg_group = cuda::segment_group(segments, s.HV, sms);
   p.fold_tiles = cuda::fold_tiles(s.N * s.HV, sms);
@@ -295,7 +295,7 @@ std::size_t plan(const DeltaRuleInputs& in, const DeltaRuleShape& s, ChunkCount 
     p.seq_begin = b.take<int>(s.N);
     p.seq_len = b.take<int>(s.N);
   }
-  if (summaries && !p.beside) {
+  if (summaries && !(p.beside && rounds.count == 1)) {
     p.seg_dlocal = b.take<float>(matrices);
     p.seg_dstate = b.take<float>(matrices);
   }
@@ -305,7 +305,7 @@ std::size_t plan(const DeltaRuleInputs& in, const DeltaRuleShape& s, ChunkCount 
     p.vn = b.take<bf16>(rounds.slots * s.HV * kC * kD);
   }
   p.round_first = b.take<int>(rounds.by_slots ? rounds.count : rounds.count * segments);
-  p.round_chunks = b.take<cuda::RoundChunk>(rounds.count * rounds.slots);
+  p.round_chunks = b.take<cuda::RoundChunk>(cuda::backward_rounds(p) * rounds.slots);
   if (rounds.count > 1) p.round_dstate = b.take<float>(at_boundaries);
   p.dh = b.take<bf16>(rounds.slots * s.HV * kD * kD);
   p.dvn = b.take<bf16>(rounds.slots * s.HV * kC * kD);
@@ -455,13 +455,15 @@ void summarize_backward(const Call& c) {
 template <typename In>
 void finish_backward(const Call& c) {
   if (has_summaries(c.p) && !c.p.beside) cuda::launch_fold(c.p, cuda::Fold::grad_states, c.stream);
-  if (c.p.beside)
-    GDN_CUDA_CHECK(cudaMemsetAsync(c.p.ready, 0, sizeof(int) * c.p.round_slots * c.p.HV, c.stream));
   cuda::Params round = c.p;
-  for (round.round = c.p.rounds - 1; round.round >= 0; --round.round) {    // the last first
-    const bool done = round.round == c.p.rounds - 1 && shares_summary(c);  // h, Vn
+  const int rounds = cuda::backward_rounds(c.p);
+  for (round.round = rounds - 1; round.round >= 0; --round.round) {    // the last first
+    const bool done = round.round == rounds - 1 && shares_summary(c);  // h, Vn
     if (recomputes(c.saved, c.p.rounds) && !done)
       cuda::launch_state_forward<In, cuda::Pass::recompute>(round, c.stream);
+    if (c.p.beside)
+      GDN_CUDA_CHECK(
+          cudaMemsetAsync(c.p.ready, 0, sizeof(int) * c.p.round_slots * c.p.HV, c.stream));
     cuda::launch_state_backward<In, false>(round, c.stream);
     cuda::launch_grad_chunk<In>(round, c.stream);
   }

@@ -123,10 +123,14 @@ struct Params {
   float* round_dstate;       // [boundaries, HV, K, V]  (rounds > 1)
   bf16* dh;   // [round_slots, HV, V, K]  the gradient of the state leaving a chunk, transposed
   bf16* dvn;  // [round_slots, HV, 64, V]  dVn
-  // Chains beside (segments.h: chains_beside): one sequence in one round, whose state_backward
-  // runs a block a value head over the whole sequence while grad_chunk's blocks run on the other
+  // Chains beside (segments.h: chains_beside): one sequence, whose state_backward runs a block a
+  // value head over the whole sequence while grad_chunk's blocks run on the other
   // multiprocessors, each once ready[place HV + hv] is set for its value heads (state_backward
-  // sets it when that chunk's dh and dVn are stored; the backward zeroes it first).
+  // sets it when that chunk's dh and dVn are stored; the backward zeroes it first). In rounds
+  // (rounds > 1, by segment, round_slots >= seg_len), round z runs segment z (seg_count rounds,
+  // the last first): the recompute in `rounds` slices of round_len chunks from the states the
+  // forward kept at their starts, state_backward over the segment from the state gradient the
+  // round after left in seg_dstate[z], the places the chunks' indices in the segment.
   bool beside;
   int* ready;   // [round_slots, HV]
   void* dq;     // [B, T, HK, K]  In
@@ -173,12 +177,21 @@ __device__ inline Segment segment(const Params& p, int z) {
   return {n, k, begin, end - begin, k == 0, end == p.chunk_begin[n + 1]};
 }
 
+// The chains beside grad_chunk in rounds (Params::beside).
+__host__ __device__ inline bool beside_in_rounds(const Params& p) {
+  return p.beside && p.rounds > 1;
+}
+// The backward's rounds: a segment each beside in rounds (Params::beside), else `rounds`.
+__host__ __device__ inline int backward_rounds(const Params& p) {
+  return beside_in_rounds(p) ? p.seg_count : p.rounds;
+}
 // A round's launch: by slots, blocks of round_group segments from the one holding the round's first
 // slot (round_first[round], Z past the chunks) on, at most round_len seg_count segments (each
 // sequence in the round has a chunk there, and at most seg_count - 1 empty segments after it):
 // with many short sequences most segments have nothing in a round, and their blocks, one an SM
 // at a time, would cost a wave each. By segment, a block a segment.
 __host__ __device__ inline int round_blocks(const Params& p) {
+  if (beside_in_rounds(p)) return p.rounds;  // the recompute's slices of the round's segment
   const long long all = static_cast<long long>(p.N) * p.seg_count;
   if (!p.round_by_slots) return static_cast<int>(all);
   const long long most = static_cast<long long>(p.round_len) * p.seg_count;

@@ -136,20 +136,30 @@ SegmentPlan plan_segments(std::int64_t heads, std::int64_t longest, bool carried
 bool chains_beside(std::int64_t value_heads, std::int64_t chunks, const SegmentPlan& plan,
                    int multiprocessors) {
   const std::int64_t heads = value_heads, sms = multiprocessors;
-  if (heads >= sms) return false;
-  const auto waves = [&](std::int64_t per_head) { return ceil_div(per_head * heads, sms); };
-  const std::int64_t grad = kGradChunkStep * chunks * heads;  // SM time, spread over the SMs
   const std::int64_t count = plan.count, seg = plan.length;
-  std::int64_t segments = (kGradStep * seg + kBlockStart) * waves(count) + ceil_div(grad, sms);
+  const RoundPlan rounds = plan_rounds(count, seg, chunks, heads);
+  // In rounds, a round a segment: its chunks must fit a round's places.
+  if (heads >= sms || (rounds.count > 1 && (rounds.by_slots || rounds.slots < seg))) return false;
+  const auto waves = [&](std::int64_t per_head) { return ceil_div(per_head * heads, sms); };
+  const auto grad = [&](std::int64_t steps) { return kGradChunkStep * steps * heads; };  // SM time
+  std::int64_t segments = rounds.count * (kGradStep * rounds.length + kBlockStart) * waves(count) +
+                          ceil_div(grad(chunks), sms);
   if (count > 1)
     segments += (kGradSummaryStep * seg + kBlockStart) * waves(count - 1) +
                 (kFoldStep + kFoldWave * waves(kFoldBlocks)) *
                     (count + std::max<std::int64_t>(count - 2, 0) * (plan.parts - 1));
   // Beside, the first chunk's gradients wait for the whole chain: one grad_chunk block (a key
-  // head of two value heads) after its last step.
-  const std::int64_t beside =
-      std::max(kBesideStep * chunks + 2 * kGradChunkStep, ceil_div(grad, sms - heads)) +
+  // head of two value heads) after its last step. In rounds, a round a segment, each recomputed
+  // in rounds.count slices (the segments' way recomputes a round's slices of every segment, the
+  // last round's beside its gradient offsets).
+  const std::int64_t steps = rounds.count > 1 ? seg : chunks;
+  std::int64_t beside =
+      std::max(kBesideStep * steps + 2 * kGradChunkStep, ceil_div(grad(steps), sms - heads)) +
       kBlockStart;
+  if (rounds.count > 1) {
+    beside = count * (beside + kSaveStep * rounds.length * waves(rounds.count));
+    segments += (rounds.count - 1) * kSaveStep * rounds.length * waves(count);
+  }
   return beside < segments;
 }
 

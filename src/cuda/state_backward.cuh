@@ -33,6 +33,9 @@ __device__ __forceinline__ void state_backward_block(const Params& p, int hv, in
     const Segment seg = segment(p, y);
     if (seg.chunks <= 0 || !has_grad_offset(p, seg)) return;
     w = {seg.first, seg.first + seg.chunks, 0};
+  } else if (beside_in_rounds(p)) {  // round p.round's segment (one sequence), places from 0
+    w = {segment_start(p, p.round), segment_start(p, p.round + 1), 0};
+    if (w.begin >= w.end) return;
   } else if (p.beside) {  // sequence y, one round: its places are its slots' order from its first
     const int z = y * p.seg_count;
     w = {segment_start(p, z), segment_start(p, z + p.seg_count), p.round_first[z]};
@@ -61,8 +64,11 @@ __device__ __forceinline__ void state_backward_block(const Params& p, int hv, in
   // for a sequence's last segment).
   auto leaving = [&](Acc(&dS)[16], int z, const ChunkInfo& info, int local, int cid) {
     const bool last = ends_sequence(p, info);
-    if (!kSummary && p.beside) {  // carried from the segment after, but for the sequence's last
-      if (last) load_state(dS, sequence_matrix(p.dht, p, info.n, hv), vw);
+    if (!kSummary && p.beside) {  // carried from the segment after (in rounds: the round after)
+      if (last)
+        load_state(dS, sequence_matrix(p.dht, p, info.n, hv), vw);
+      else if (beside_in_rounds(p))
+        load_state(dS, segment_matrix(p.seg_dstate, p, z, hv), vw);
     } else if (kSummary && !last)
       load_state(dS, nullptr, vw);
     else if (cid + 1 < segment_start(p, z + 1))  // the segment goes on in the round after
@@ -200,6 +206,8 @@ __device__ __forceinline__ void state_backward_block(const Params& p, int hv, in
                   dS);
     } else if (p.dh0 && z % p.seg_count == 0) {
       store_state(sequence_matrix(p.dh0, p, z / p.seg_count, hv), vw, dS);
+    } else if (beside_in_rounds(p) && z % p.seg_count > 0) {  // for the round before
+      store_state(segment_matrix(p.seg_dstate, p, z - 1, hv), vw, dS);
     }
   }
   if (!kSummary && p.beside) {  // the steps not published yet, once the walk's stores are done

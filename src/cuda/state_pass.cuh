@@ -93,6 +93,11 @@ struct Walk {
   int begin, end, place;
 };
 __device__ inline Walk walk(const Params& p, int y, bool round) {
+  if (round && beside_in_rounds(p)) {  // slice y of round p.round's segment (params.cuh)
+    const int first = segment_start(p, p.round), end = segment_start(p, p.round + 1);
+    const int lo = min(first + y * p.round_len, end);
+    return {lo, min(lo + p.round_len, end), lo - first};
+  }
   if (round && !p.round_by_slots) {
     const Segment seg = segment(p, y);
     const int lo = p.round * p.round_len, hi = min(seg.chunks, lo + p.round_len);
