@@ -218,6 +218,8 @@ TEST(CudaDeltaRule, TwoPartOperandsKeepTheErrorsLow) {
 // which an H200 (132 SMs) cuts T=8192 into 4 segments with transfers in 2 parts for training
 // and T=20480 into 4 segments with transfers in 4 parts for inference. The float64 reference
 // runs the one group; a part composed in the wrong order or left out would show in every copy.
+// (The training backward here runs the chains beside grad_chunk, without a fold; the gradient
+// fold over parts runs in TrainingWithSegmentsInRounds.)
 TEST(CudaDeltaRule, TransferParts) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   const int sms = multiprocessors();
@@ -240,12 +242,14 @@ TEST(CudaDeltaRule, ComposedEnteringState) {
 // The training path (a forward saving for its backward) with sequences cut into segments and the
 // backward in rounds: 16 copies of one head group (32 value heads) at T=20480 make 4 segments of
 // 80 chunks and 2 rounds of 40 on 132 SMs, so that the forward keeps the states entering the
-// rounds, the backward's summary composes the segments and each round starts inside them.
+// rounds, the backward's summary composes the segments and each round starts inside them (not
+// the chains beside grad_chunk: 2 rounds of 4 segments).
 TEST(CudaDeltaRule, TrainingWithSegmentsInRounds) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   const cuda::SegmentPlan seg = cuda::plan_segments(32, 20480 / 64, false, true, multiprocessors());
   EXPECT_GT(seg.count, 1);
   EXPECT_GT(cuda::plan_rounds(seg.count, seg.length, 20480 / 64, 32).count, 1);
+  EXPECT_FALSE(cuda::chains_beside(32, 20480 / 64, seg, multiprocessors()));
   check_problem(base(20480, 1, 2), true, true, true, nullptr, nullptr, 16);
 }
 // The backward's chains beside grad_chunk (Params::beside): 16 copies of one head group make 32
