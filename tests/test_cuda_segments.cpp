@@ -39,8 +39,6 @@ TEST(CudaSegments, MeasuredShapes) {
   expect_plan(256, 128, true, 1, 1);
 }
 
-// The folds' slice width: 32 columns where the blocks of the chains fill three quarters of an
-// H200's 132 SMs, 16 where twice as many blocks do, else 8.
 // The backward's chains beside grad_chunk (chains_beside), measured on an H100 (bench/RESULTS.md,
 // fiftieth session): 32 value heads at T = 4096 and 16384 (backward 0.352 -> 0.27 and 1.21 ->
 // 0.96 ms) take it; 2 heads at T = 65536 (a 1024-step chain), 16 at T = 16384 (grad_chunk's
@@ -57,6 +55,8 @@ TEST(CudaSegments, ChainsBeside) {
   EXPECT_FALSE(chains_beside(kH200, 64, plan_segments(kH200, 64, false, true, kH200), kH200));
 }
 
+// The folds' slice width: 32 columns where the blocks of the chains fill three quarters of an
+// H200's 132 SMs, 16 where twice as many blocks do, else 8.
 TEST(CudaSegments, FoldTiles) {
   EXPECT_EQ(fold_tiles(32, 132), 4);  // 128 blocks
   EXPECT_EQ(fold_tiles(25, 132), 4);  // 100 blocks

@@ -197,15 +197,17 @@ __global__ void chunk_table_kernel(Params p) {
       info = {lo, p.cu_seqlens ? 0 : lo, p.seq_begin[lo] + t0, min(kC, p.seq_len[lo] - t0), index};
     }
     p.chunks[cid] = info;
-    if (p.round_chunks && info.len > 0 && beside_in_rounds(p)) {  // round k: segment k
+    if (p.round_chunks && info.len > 0) {
       const int k = info.index / p.seg_len, local = info.index % p.seg_len;
-      p.round_chunks[static_cast<long long>(k) * p.round_slots + local] = RoundChunk{cid, info};
-    } else if (p.round_chunks && info.len > 0) {
-      const int k = info.index / p.seg_len, local = info.index % p.seg_len;
-      const int r = (p.round_by_slots ? cid : local) / p.round_len;
-      const int place = p.round_by_slots ? cid % p.round_len
-                                         : p.round_first[r * segments + info.n * p.seg_count + k] +
-                                               local % p.round_len;
+      int r, place;
+      if (beside_in_rounds(p)) {  // round k is segment k
+        r = k, place = local;
+      } else if (p.round_by_slots) {
+        r = cid / p.round_len, place = cid % p.round_len;
+      } else {
+        r = local / p.round_len;
+        place = p.round_first[r * segments + info.n * p.seg_count + k] + local % p.round_len;
+      }
       p.round_chunks[static_cast<long long>(r) * p.round_slots + place] = RoundChunk{cid, info};
       if (p.round_by_slots && place == 0) p.round_first[r] = info.n * p.seg_count + k;
     }

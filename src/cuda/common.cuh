@@ -83,11 +83,14 @@ __device__ inline void prefetch_line(const void* gmem) {
 }
 
 // A flag between blocks running at once (Params::beside): fence_gpu orders what this thread, and
-// every thread whose writes it has seen through a barrier, wrote before the flag store after it;
-// load_acquire orders the flag's load before this thread's later reads (and, through a barrier,
-// other threads').
+// every thread whose writes it has seen through a barrier, wrote before the flag's store_relaxed
+// after it; load_acquire orders the flag's load before this thread's later reads (and, through a
+// barrier, other threads').
 __device__ inline void fence_gpu() {
   asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
+}
+__device__ inline void store_relaxed(int* flag, int v) {
+  asm volatile("st.relaxed.gpu.global.b32 [%0], %1;\n" ::"l"(flag), "r"(v) : "memory");
 }
 __device__ inline int load_acquire(const int* flag) {
   int v;

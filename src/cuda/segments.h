@@ -35,14 +35,15 @@ SegmentPlan plan_segments(std::int64_t heads, std::int64_t longest, bool carried
 // segments are few (one a block).
 int segment_group(std::int64_t segments, std::int64_t value_heads, int multiprocessors);
 
-// Whether the backward of one sequence of `chunks` chunks, in one round, runs its chains beside
-// grad_chunk (Params::beside): state_backward a block a value head over the whole sequence, no
-// gradient offsets and no fold, while grad_chunk's blocks take each chunk on the other
-// multiprocessors as soon as the chains have passed it. Chosen where that is expected to take
-// less than the segments' way (`plan`: the gradient offsets, their fold and state_backward over
-// the segments, then grad_chunk on every multiprocessor): where the value heads leave most
-// multiprocessors to grad_chunk and a whole chain takes no longer than grad_chunk's work spread
-// over them (32 value heads at T = 4096 and 16384 on 132 SMs, not 2 at T = 65536).
+// Whether the backward of one sequence of `chunks` chunks runs its chains beside grad_chunk
+// (Params::beside; in rounds, a segment a round): state_backward a block a value head over the
+// whole sequence (or the round's segment), no gradient offsets and no fold, while grad_chunk's
+// blocks take each chunk on the other multiprocessors as soon as the chains have passed it. Chosen
+// where that is expected to take less than the segments' way (`plan`: the gradient offsets, their
+// fold and state_backward over the segments, then grad_chunk on every multiprocessor): where the
+// value heads leave most multiprocessors to grad_chunk and a whole chain takes no longer than
+// grad_chunk's work spread over them (32 value heads at T = 4096, 16384 and 65536 on 132 SMs,
+// not 2 at T = 65536).
 bool chains_beside(std::int64_t value_heads, std::int64_t chunks, const SegmentPlan& plan,
                    int multiprocessors);
 

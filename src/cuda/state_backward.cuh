@@ -11,11 +11,12 @@
 // the gradient entering them: from dS_T for the last segment (that is the gradient leaving
 // segment last - 1, unless the last is also the first), from zero for the others (D_k, with
 // dS_start = M_k^T dS_end + D_k, in seg_dlocal; fold.cu composes them).
-// With the chains beside grad_chunk (Params::beside) block (hv, n) runs sequence n whole, its
-// state gradient carried across the segments, and publishes each chunk's dh and dVn to
-// grad_chunk's waiting blocks in `ready`: once every thread has released the chunk's stage (an
-// mbarrier: their stores are issued before), one thread fences at GPU scope and sets the flag,
-// a step later, in the fill that waits on that release anyway; the last steps' after the walk.
+// With the chains beside grad_chunk (Params::beside) block hv runs the one sequence whole (in
+// rounds: round p.round's segment), its state gradient carried across the segments, and publishes
+// each chunk's dh and dVn to grad_chunk's waiting blocks in `ready`: once every thread has released
+// the chunk's stage (an mbarrier: their stores are issued before), one thread fences at GPU scope
+// and sets the flag, a step later, in the fill that waits on that release anyway; the last steps'
+// after the walk.
 #include "cuda/state_pass.cuh"
 
 namespace gdn::cuda {
@@ -36,9 +37,8 @@ __device__ __forceinline__ void state_backward_block(const Params& p, int hv, in
   } else if (beside_in_rounds(p)) {  // round p.round's segment (one sequence), places from 0
     w = {segment_start(p, p.round), segment_start(p, p.round + 1), 0};
     if (w.begin >= w.end) return;
-  } else if (p.beside) {  // sequence y, one round: its places are its slots' order from its first
-    const int z = y * p.seg_count;
-    w = {segment_start(p, z), segment_start(p, z + p.seg_count), p.round_first[z]};
+  } else if (p.beside) {  // the one sequence, places from 0
+    w = {segment_start(p, 0), segment_start(p, p.seg_count), 0};
     if (w.begin >= w.end) return;
   } else {
     w = walk(p, y, true);
@@ -82,10 +82,7 @@ __device__ __forceinline__ void state_backward_block(const Params& p, int hv, in
 
   // Beside: chunk `step`'s dh and dVn are stored and visible at GPU scope (the caller fenced).
   auto publish = [&](int step) {
-    asm volatile("st.relaxed.gpu.global.b32 [%0], %1;" ::"l"(
-                     p.ready + slot(p, w.place + chunks - 1 - step, hv)),
-                 "r"(1)
-                 : "memory");
+    store_relaxed(p.ready + slot(p, w.place + chunks - 1 - step, hv), 1);
   };
   Acc dS[16];
   for (int step = 0; step < kBackwardStages - 1; ++step) prefetch_step(step, info_at(step));
