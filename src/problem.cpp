@@ -203,8 +203,8 @@ double relative_error(const TensorRef& x, const TensorRef& ref) {
     throw Error("relative_error: tensors of " + x.shape_string() + " and " + ref.shape_string());
   double diff = 0, norm = 0;
   for (std::int64_t i = 0; i < x.numel(); ++i) {
-    const double r = core::load<double>(ref, i);
-    diff += std::pow(core::load<double>(x, i) - r, 2);
+    const double r = core::load<double>(ref, i), d = core::load<double>(x, i) - r;
+    diff += d * d;
     norm += r * r;
   }
   return norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
