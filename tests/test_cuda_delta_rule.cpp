@@ -46,6 +46,9 @@ HostTensor repeat_heads(const HostTensor& x, int axis, int copies) {
   return y;
 }
 
+// The heads' axis of per-token tensors [B, T, H, ...] and of states [N, H, K, V].
+constexpr int kTokenHeads = 2, kStateHeads = 1;
+
 // `shape` with its axis `axis` (heads) `copies` times as long.
 std::vector<std::int64_t> with_copies(std::vector<std::int64_t> shape, int axis, int copies) {
   shape[axis] *= copies;
@@ -130,13 +133,17 @@ void check_problem(const Problem& p, bool reuse_forward = false, bool save = fal
   const ProblemResults& ref = reference(data);
   if (head_copies > 1) {
     for (HostTensor* x : {&data.q, &data.k, &data.v, &data.g, &data.beta, &data.d_o})
-      *x = repeat_heads(*x, 2, head_copies);  // [B, T, H, ...]
+      *x = repeat_heads(*x, kTokenHeads, head_copies);
     for (HostTensor* x : {&data.initial_state, &data.d_final_state})
-      *x = repeat_heads(*x, 1, head_copies);  // [N, H, K, V]
+      *x = repeat_heads(*x, kStateHeads, head_copies);
   }
-  // The GPU's outputs have the repeated heads: on axis 2 of [B, T, H, ...], 1 of [N, H, K, V].
-  auto token_shape = [&](const HostTensor& x) { return with_copies(x.shape, 2, head_copies); };
-  auto state_shape = [&](const HostTensor& x) { return with_copies(x.shape, 1, head_copies); };
+  // The GPU's outputs have the repeated heads.
+  auto token_shape = [&](const HostTensor& x) {
+    return with_copies(x.shape, kTokenHeads, head_copies);
+  };
+  auto state_shape = [&](const HostTensor& x) {
+    return with_copies(x.shape, kStateHeads, head_copies);
+  };
 
   DeviceTensor q(data.q), k(data.k), v(data.v), g(data.g), beta(data.beta), h0(data.initial_state),
       cu(data.cu_seqlens), d_o(data.d_o), dht(data.d_final_state);
@@ -185,14 +192,14 @@ void check_problem(const Problem& p, bool reuse_forward = false, bool save = fal
     double tol;
     int head_axis;
   };
-  std::vector<Item> items = {{"o", &o, &ref.o, kOutputTolerance, 2},
-                             {"final_state", &ht, &ref.final_state, kOutputTolerance, 1},
-                             {"dq", &dq, &ref.dq, kGradTolerance, 2},
-                             {"dk", &dk, &ref.dk, kGradTolerance, 2},
-                             {"dv", &dv, &ref.dv, kGradTolerance, 2},
-                             {"dg", &dg, &ref.dg, kGradTolerance, 2},
-                             {"dbeta", &dbeta, &ref.dbeta, kGradTolerance, 2}};
-  if (p.initial_state) items.push_back({"dh0", &dh0, &ref.dh0, kGradTolerance, 1});
+  std::vector<Item> items = {{"o", &o, &ref.o, kOutputTolerance, kTokenHeads},
+                             {"final_state", &ht, &ref.final_state, kOutputTolerance, kStateHeads},
+                             {"dq", &dq, &ref.dq, kGradTolerance, kTokenHeads},
+                             {"dk", &dk, &ref.dk, kGradTolerance, kTokenHeads},
+                             {"dv", &dv, &ref.dv, kGradTolerance, kTokenHeads},
+                             {"dg", &dg, &ref.dg, kGradTolerance, kTokenHeads},
+                             {"dbeta", &dbeta, &ref.dbeta, kGradTolerance, kTokenHeads}};
+  if (p.initial_state) items.push_back({"dh0", &dh0, &ref.dh0, kGradTolerance, kStateHeads});
   std::string line;
   for (const Item& item : items) {
     const HostTensor got = item.got->download();
