@@ -18,15 +18,7 @@ import sys
 
 import numpy as np
 
-D = 128
-SCALE = 1 / np.sqrt(D)
-
-
-def bf16(x):
-    """x rounded to bf16 (nearest even), as f32."""
-    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
-    return u.astype(np.uint32).view(np.float32)
+from rounding import D, SCALE, bf16, problem, rel
 
 
 def unit_rows(x):
@@ -64,10 +56,6 @@ def raw_share(xn, r, dxn):
     return r[:, None] * (dxn - xn * (xn * dxn).sum(1)[:, None])
 
 
-def rel(x, ref):
-    return np.linalg.norm(x - ref) / np.linalg.norm(ref)
-
-
 def main():
     T = int(sys.argv[1]) if len(sys.argv) > 1 else 2048
     seeds = int(sys.argv[2]) if len(sys.argv) > 2 else 3
@@ -75,17 +63,13 @@ def main():
     print(f"{'gates':7} {'seed':>4} {'grad':>4} {'f32 sum':>9} {'bf16 sum':>9} {'ratio':>6}")
     for gates in ("strong", "weak"):
         for seed in range(seeds):
-            rng = np.random.default_rng(seed)
-            q, k = (bf16(rng.standard_normal((T, D))).astype(np.float64) for _ in range(2))
-            qn, rq = unit_rows(q)
-            kn, rk = unit_rows(k)
+            # Two heads of rounding.py's problem: the first's q and k, each its own v, g, beta, dO.
+            heads = [problem(T, gates, 2 * seed + h) for h in range(2)]
+            qn, rq = unit_rows(heads[0]["q"].astype(np.float64))
+            kn, rk = unit_rows(heads[0]["k"].astype(np.float64))
             shares = []
-            for _ in range(2):
-                v = bf16(rng.standard_normal((T, D))).astype(np.float64)
-                u = rng.random(T)
-                g = {"strong": -(0.1 + 2.0 * u), "weak": -(1e-4 + 0.01 * u)}[gates]
-                beta = bf16(rng.random(T)).astype(np.float64)
-                d_o = bf16(rng.standard_normal((T, D))).astype(np.float64)
+            for x in heads:
+                v, g, beta, d_o = (x[n].astype(np.float64) for n in ("v", "g", "beta", "d_o"))
                 dqn, dkn = head_grads(qn, kn, v, g, beta, d_o)
                 shares.append((raw_share(qn, rq, dqn), raw_share(kn, rk, dkn)))
             for i, name in enumerate(("dq", "dk")):
