@@ -319,7 +319,7 @@ TEST(CudaDeltaRule, TrainingWithSegmentsInRounds) {
   const cuda::SegmentPlan seg = cuda::plan_segments(32, 20480 / 64, false, true, multiprocessors());
   EXPECT_GT(seg.count, 1);
   EXPECT_GT(cuda::plan_rounds(seg.count, seg.length, 20480 / 64, 32).count, 1);
-  EXPECT_FALSE(cuda::chains_beside(32, 20480 / 64, seg, multiprocessors()));
+  EXPECT_FALSE(cuda::chains_beside(1, 32, 20480 / 64, seg, multiprocessors()));
   check_problem(base(20480, 1, 2), true, true, true, nullptr, nullptr, 16);
 }
 // The backward's chains beside grad_chunk (Params::beside): 16 copies of one head group make 32
@@ -332,7 +332,7 @@ TEST(CudaDeltaRule, ChainsBesideGradChunk) {
   const int sms = multiprocessors();
   for (const bool training : {true, false})
     EXPECT_TRUE(
-        cuda::chains_beside(32, 64, cuda::plan_segments(32, 64, false, training, sms), sms));
+        cuda::chains_beside(1, 32, 64, cuda::plan_segments(32, 64, false, training, sms), sms));
   check_problem(base(4096, 1, 2), true, true, true, nullptr, nullptr, 16);
   check_problem(base(4096, 1, 2), true, false, true, nullptr, nullptr, 16);
   check_problem(base(4096, 1, 2), false, false, true, nullptr, nullptr, 16);
@@ -352,8 +352,29 @@ TEST(CudaDeltaRule, ChainsBesideInRounds) {
   const int sms = multiprocessors();
   const cuda::SegmentPlan seg = cuda::plan_segments(32, 1024, false, true, sms);
   EXPECT_GT(cuda::plan_rounds(seg.count, seg.length, 1024, 32).count, 1);
-  EXPECT_TRUE(cuda::chains_beside(32, 1024, seg, sms));
+  EXPECT_TRUE(cuda::chains_beside(1, 32, 1024, seg, sms));
   check_problem(base(65536, 1, 2), true, true, true, nullptr, nullptr, 16);
+}
+// The chains beside grad_chunk for several sequences (Params::beside, in rounds: a segment a
+// round): 16 copies of one head group make 32 value heads over two sequences of 30000 and 32768
+// tokens, each in 2 segments of 256 chunks, 4 rounds on 132 SMs. Round z runs segment z of the
+// four, its chain from its sequence's final-state gradient or from the state gradient the round
+// after left (the first sequence's second segment 213 chunks, its last chunk partial). The
+// training path, and a backward reading an inference forward's workspace (it runs the states
+// pass itself).
+TEST(CudaDeltaRule, ChainsBesideSeveralSequences) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const int sms = multiprocessors();
+  Problem p = base(0, 1, 2);
+  p.seqlens = {30000, 32768};
+  for (auto n : p.seqlens) p.T += n;
+  const std::int64_t slots = 469 + 512;
+  const cuda::SegmentPlan seg = cuda::plan_segments(2 * 32, 512, false, true, sms);
+  EXPECT_EQ(seg.count, 2);
+  EXPECT_GT(cuda::plan_rounds(2 * seg.count, seg.length, slots, 32).count, 1);
+  EXPECT_TRUE(cuda::chains_beside(2, 32, slots, seg, sms));
+  check_problem(p, true, true, true, nullptr, nullptr, 16);
+  check_problem(p, true, false, true, nullptr, nullptr, 16);
 }
 // The folds' blocks take 8, 16 or 32 columns of the state (segments.h: fold_tiles), by how many
 // sequences x value heads there are to fill the GPU: one problem at T=8192 on copies of its head

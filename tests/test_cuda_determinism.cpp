@@ -164,10 +164,14 @@ TEST(CudaDeterminism, LongSequenceInSegments) {
   check_deterministic(base(4096, 2, 4));
 }
 // 32 value heads at T=4096, one sequence: the backward's chains beside grad_chunk
-// (Params::beside), whose blocks wait for the flags the chains set.
+// (Params::beside), whose blocks wait for the flags the chains set; at T=65536, and for 4
+// sequences of T=16384, in rounds.
 TEST(CudaDeterminism, ChainsBeside) {
   check_deterministic(base(4096, 16, 32));
   check_deterministic(base(65536, 16, 32));  // in rounds, a segment each
+  Problem several = base(16384, 16, 32);     // several sequences in rounds, a segment each
+  several.B = 4;
+  check_deterministic(several);
 }
 TEST(CudaDeterminism, TwoBatchRows) {
   Problem p = base(300, 2, 4);

@@ -47,12 +47,23 @@ TEST(CudaSegments, MeasuredShapes) {
 TEST(CudaSegments, ChainsBeside) {
   // T = 65536 in rounds: 4 of them, a segment each.
   for (const std::int64_t chunks : {64, 256, 1024})
-    EXPECT_TRUE(chains_beside(32, chunks, plan_segments(32, chunks, false, true, kH200), kH200))
+    EXPECT_TRUE(chains_beside(1, 32, chunks, plan_segments(32, chunks, false, true, kH200), kH200))
         << chunks << " chunks";
-  EXPECT_FALSE(chains_beside(2, 1024, plan_segments(2, 1024, false, true, kH200), kH200));
-  EXPECT_FALSE(chains_beside(16, 256, plan_segments(16, 256, false, true, kH200), kH200));
-  EXPECT_FALSE(chains_beside(16, 16, plan_segments(16, 16, false, true, kH200), kH200));
-  EXPECT_FALSE(chains_beside(kH200, 64, plan_segments(kH200, 64, false, true, kH200), kH200));
+  EXPECT_FALSE(chains_beside(1, 2, 1024, plan_segments(2, 1024, false, true, kH200), kH200));
+  EXPECT_FALSE(chains_beside(1, 16, 256, plan_segments(16, 256, false, true, kH200), kH200));
+  EXPECT_FALSE(chains_beside(1, 16, 16, plan_segments(16, 16, false, true, kH200), kH200));
+  EXPECT_FALSE(chains_beside(1, kH200, 64, plan_segments(kH200, 64, false, true, kH200), kH200));
+  // Several sequences only in rounds, a segment a round, and where the segments are long: B=4
+  // at T=16384 (4 rounds of one sequence) and B=2 at T=32768 (4 of half a sequence), not B=8 at
+  // T=8192 (8 rounds of 128-chunk chains) nor B=2 at T=4096 (one round).
+  const auto several = [](std::int64_t sequences, std::int64_t chunks) {
+    const SegmentPlan plan = plan_segments(sequences * 32, chunks, false, true, kH200);
+    return chains_beside(sequences, 32, sequences * chunks, plan, kH200);
+  };
+  EXPECT_TRUE(several(4, 256));
+  EXPECT_TRUE(several(2, 512));
+  EXPECT_FALSE(several(8, 128));
+  EXPECT_FALSE(several(2, 64));
 }
 
 // The folds' slice width: 32 columns where the blocks of the chains fill three quarters of an

@@ -200,8 +200,8 @@ __global__ void chunk_table_kernel(Params p) {
     if (p.round_chunks && info.len > 0) {
       const int k = info.index / p.seg_len, local = info.index % p.seg_len;
       int r, place;
-      if (beside_in_rounds(p)) {  // round k is segment k
-        r = k, place = local;
+      if (beside_in_rounds(p)) {  // a round a segment
+        r = info.n * p.seg_count + k, place = local;
       } else if (p.round_by_slots) {
         r = cid / p.round_len, place = cid % p.round_len;
       } else {

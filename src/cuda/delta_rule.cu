@@ -267,8 +267,10 @@ std::size_t plan(const DeltaRuleInputs& in, const DeltaRuleShape& s, ChunkCount 
   p.round_slots = static_cast<int>(rounds.slots);
   p.round_by_slots = rounds.by_slots;
   const int sms = multiprocessors();
-  p.beside = backward && s.N == 1 && !p.enters && !p.leaves &&
-             cuda::chains_beside(s.HV, NC, {p.seg_count, p.seg_len, p.seg_parts, p.part_len}, sms);
+  p.beside =
+      backward && !p.enters && !p.leaves &&
+      cuda::chains_beside(s.N, s.HV, NC, {p.seg_count, p.seg_len, p.seg_parts, p.part_len}, sms);
+  if (cuda::beside_in_rounds(p)) p.round_slots = p.seg_len;  // a round holds one segment
   p.seg_group = cuda::segment_group(segments, s.HV, sms);
   p.fold_tiles = cuda::fold_tiles(s.N * s.HV, sms);
   p.compose = summaries && !p.enters && !p.leaves && p.seg_count == 3 && p.seg_parts == 1 &&
@@ -301,15 +303,15 @@ std::size_t plan(const DeltaRuleInputs& in, const DeltaRuleShape& s, ChunkCount 
   }
   if (!saved && rounds.count > 1) p.round_state = b.take<float>(at_boundaries);
   if (recomputes(saved, rounds.count)) {  // a round's h and Vn (one round: every chunk slot)
-    p.h = b.take<bf16>(rounds.slots * s.HV * kD * kD);
-    p.vn = b.take<bf16>(rounds.slots * s.HV * kC * kD);
+    p.h = b.take<bf16>(p.round_slots * s.HV * kD * kD);
+    p.vn = b.take<bf16>(p.round_slots * s.HV * kC * kD);
   }
   p.round_first = b.take<int>(rounds.by_slots ? rounds.count : rounds.count * segments);
-  p.round_chunks = b.take<cuda::RoundChunk>(cuda::backward_rounds(p) * rounds.slots);
+  p.round_chunks = b.take<cuda::RoundChunk>(std::int64_t{cuda::backward_rounds(p)} * p.round_slots);
   if (rounds.count > 1) p.round_dstate = b.take<float>(at_boundaries);
-  p.dh = b.take<bf16>(rounds.slots * s.HV * kD * kD);
-  p.dvn = b.take<bf16>(rounds.slots * s.HV * kC * kD);
-  if (p.beside) p.ready = b.take<int>(rounds.slots * s.HV);
+  p.dh = b.take<bf16>(p.round_slots * s.HV * kD * kD);
+  p.dvn = b.take<bf16>(p.round_slots * s.HV * kC * kD);
+  if (p.beside) p.ready = b.take<int>(p.round_slots * s.HV);
   return b.used;
 }
 

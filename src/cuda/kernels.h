@@ -10,8 +10,9 @@
 //           ((state_forward<recompute>), state_backward, grad_chunk) in rounds, the last first
 //           (params.cuh: rounds; Params::round says which); with both, the summary and the last
 //           round's recompute in one launch (launch_backward_summary); with the chains beside
-//           grad_chunk (Params::beside: one sequence; in rounds, a segment a round) no summary
-//           or fold, and state_backward over the sequence with grad_chunk running beside it
+//           grad_chunk (Params::beside: one sequence; in rounds, a segment a round, of one
+//           sequence or several) no summary or fold, and state_backward over the sequence (the
+//           round's segment) with grad_chunk running beside it
 // (the bracketed launches only when sequences are cut into segments, seg_count > 1, or carry
 // states across ranks; the braced ones not when the backward reads the forward's workspace; the
 // states pass only with several rounds and no saving forward, the recompute pass not after a

@@ -127,10 +127,11 @@ struct Params {
   // value head over the whole sequence while grad_chunk's blocks run on the other
   // multiprocessors, each once ready[place HV + hv] is set for its value heads (state_backward
   // sets it when that chunk's dh and dVn are stored; the backward zeroes it first). In rounds
-  // (rounds > 1, by segment, round_slots >= seg_len), round z runs segment z (seg_count rounds,
-  // the last first): the recompute in `rounds` slices of round_len chunks from the states the
-  // forward kept at their starts, state_backward over the segment from the state gradient the
-  // round after left in seg_dstate[z], the places the chunks' indices in the segment.
+  // (rounds > 1, by segment, round_slots = seg_len), round z runs segment z of all the sequences'
+  // (N seg_count rounds, the last first): the recompute in `rounds` slices of round_len chunks
+  // from the states the forward kept at their starts, state_backward over the segment from the
+  // state gradient the round after left in seg_dstate[z] (or the sequence's dht), the places the
+  // chunks' indices in the segment.
   bool beside;
   int* ready;   // [round_slots, HV]
   void* dq;     // [B, T, HK, K]  In
@@ -183,7 +184,7 @@ __host__ __device__ inline bool beside_in_rounds(const Params& p) {
 }
 // The backward's rounds: a segment each beside in rounds (Params::beside), else `rounds`.
 __host__ __device__ inline int backward_rounds(const Params& p) {
-  return beside_in_rounds(p) ? p.seg_count : p.rounds;
+  return beside_in_rounds(p) ? p.N * p.seg_count : p.rounds;
 }
 // A round's launch: by slots, blocks of round_group segments from the one holding the round's first
 // slot (round_first[round], Z past the chunks) on, at most round_len seg_count segments (each

@@ -133,34 +133,41 @@ SegmentPlan plan_segments(std::int64_t heads, std::int64_t longest, bool carried
                              std::max(1, multiprocessors));
 }
 
-bool chains_beside(std::int64_t value_heads, std::int64_t chunks, const SegmentPlan& plan,
-                   int multiprocessors) {
+bool chains_beside(std::int64_t sequences, std::int64_t value_heads, std::int64_t chunks,
+                   const SegmentPlan& plan, int multiprocessors) {
   const std::int64_t heads = value_heads, sms = multiprocessors;
-  const std::int64_t count = plan.count, seg = plan.length;
-  const RoundPlan rounds = plan_rounds(count, seg, chunks, heads);
-  // In rounds, a round a segment: its chunks must fit a round's places.
-  if (heads >= sms || (rounds.count > 1 && (rounds.by_slots || rounds.slots < seg))) return false;
-  const auto waves = [&](std::int64_t per_head) { return ceil_div(per_head * heads, sms); };
+  const std::int64_t count = plan.count, seg = plan.length, segments = sequences * count;
+  const RoundPlan rounds = plan_rounds(segments, seg, chunks, heads);
+  // Several sequences only in rounds, a segment a round; in rounds a segment's chunks must fit a
+  // round's places.
+  if (heads >= sms || (sequences > 1 && rounds.count == 1) ||
+      (rounds.count > 1 && (rounds.by_slots || rounds.slots < seg)))
+    return false;
+  const auto waves = [&](std::int64_t blocks) { return ceil_div(blocks, sms); };
   const auto grad = [&](std::int64_t steps) { return kGradChunkStep * steps * heads; };  // SM time
-  std::int64_t segments = rounds.count * (kGradStep * rounds.length + kBlockStart) * waves(count) +
-                          ceil_div(grad(chunks), sms);
+  // The segments' way: state_backward over every segment, a round at a time, then grad_chunk;
+  // with several segments a sequence the gradient offsets and their fold first.
+  std::int64_t apart =
+      rounds.count * (kGradStep * rounds.length + kBlockStart) * waves(segments * heads) +
+      ceil_div(grad(chunks), sms);
   if (count > 1)
-    segments += (kGradSummaryStep * seg + kBlockStart) * waves(count - 1) +
-                (kFoldStep + kFoldWave * waves(kFoldBlocks)) *
-                    (count + std::max<std::int64_t>(count - 2, 0) * (plan.parts - 1));
+    apart += (kGradSummaryStep * seg + kBlockStart) * waves((segments - sequences) * heads) +
+             (kFoldStep + kFoldWave * waves(kFoldBlocks * sequences * heads)) *
+                 (count + std::max<std::int64_t>(count - 2, 0) * (plan.parts - 1));
   // Beside, the first chunk's gradients wait for the whole chain: one grad_chunk block (a key
   // head of two value heads) after its last step. In rounds, a round a segment, each recomputed
-  // in rounds.count slices (the segments' way recomputes a round's slices of every segment, the
-  // last round's beside its gradient offsets).
+  // in rounds.count slices, against the segments' way's recompute a round (but the last where
+  // the gradient offsets run: beside them).
   const std::int64_t steps = rounds.count > 1 ? seg : chunks;
   std::int64_t beside =
       std::max(kBesideStep * steps + 2 * kGradChunkStep, ceil_div(grad(steps), sms - heads)) +
       kBlockStart;
   if (rounds.count > 1) {
-    beside = count * (beside + kSaveStep * rounds.length * waves(rounds.count));
-    segments += (rounds.count - 1) * kSaveStep * rounds.length * waves(count);
+    beside = segments * (beside + kSaveStep * rounds.length * waves(rounds.count * heads));
+    apart +=
+        (rounds.count - (count > 1 ? 1 : 0)) * kSaveStep * rounds.length * waves(segments * heads);
   }
-  return beside < segments;
+  return beside < apart;
 }
 
 int fold_tiles(std::int64_t chains, int multiprocessors) {

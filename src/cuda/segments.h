@@ -35,17 +35,17 @@ SegmentPlan plan_segments(std::int64_t heads, std::int64_t longest, bool carried
 // segments are few (one a block).
 int segment_group(std::int64_t segments, std::int64_t value_heads, int multiprocessors);
 
-// Whether the backward of one sequence of `chunks` chunks runs its chains beside grad_chunk
-// (Params::beside; in rounds, a segment a round): state_backward a block a value head over the
-// whole sequence (or the round's segment), no gradient offsets and no fold, while grad_chunk's
-// blocks take each chunk on the other multiprocessors as soon as the chains have passed it. Chosen
-// where that is expected to take less than the segments' way (`plan`: the gradient offsets, their
-// fold and state_backward over the segments, then grad_chunk on every multiprocessor): where the
-// value heads leave most multiprocessors to grad_chunk and a whole chain takes no longer than
-// grad_chunk's work spread over them (32 value heads at T = 4096, 16384 and 65536 on 132 SMs,
-// not 2 at T = 65536).
-bool chains_beside(std::int64_t value_heads, std::int64_t chunks, const SegmentPlan& plan,
-                   int multiprocessors);
+// Whether the backward of `sequences` sequences in `chunks` chunk slots runs its chains beside
+// grad_chunk (Params::beside; in rounds, a segment a round; several sequences only so):
+// state_backward a block a value head over the whole sequence (or the round's segment), no
+// gradient offsets and no fold, while grad_chunk's blocks take each chunk on the other
+// multiprocessors as soon as the chains have passed it. Chosen where that is expected to take
+// less than the segments' way (`plan`: the gradient offsets, their fold and state_backward over
+// the segments, then grad_chunk on every multiprocessor): where the value heads leave most
+// multiprocessors to grad_chunk and a whole chain takes no longer than grad_chunk's work spread
+// over them (32 value heads at T = 4096, 16384 and 65536 on 132 SMs, not 2 at T = 65536).
+bool chains_beside(std::int64_t sequences, std::int64_t value_heads, std::int64_t chunks,
+                   const SegmentPlan& plan, int multiprocessors);
 
 // The backward's gradient pass (the state recompute, state_backward, then grad_chunk) runs in
 // `count` rounds, the last first, so that h, Vn, dh and dVn hold one round's chunks (`slots` of

@@ -22,7 +22,7 @@ void launch_state_backward(const Params& p, cudaStream_t stream) {
   auto kernel = state_backward_kernel<In, kSummary>;
   GDN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       Ring<kBackwardStages>::smem_bytes));
-  const int blocks = kSummary ? p.N * p.seg_count : p.beside ? p.N : round_blocks(p);
+  const int blocks = kSummary ? p.N * p.seg_count : p.beside ? 1 : round_blocks(p);
   launch_dependent(kernel, dim3(p.HV, blocks), kThreads, Ring<kBackwardStages>::smem_bytes, stream,
                    p);
 }

@@ -34,7 +34,7 @@ __device__ __forceinline__ void state_backward_block(const Params& p, int hv, in
     const Segment seg = segment(p, y);
     if (seg.chunks <= 0 || !has_grad_offset(p, seg)) return;
     w = {seg.first, seg.first + seg.chunks, 0};
-  } else if (beside_in_rounds(p)) {  // round p.round's segment (one sequence), places from 0
+  } else if (beside_in_rounds(p)) {  // round p.round's segment, places from 0
     w = {segment_start(p, p.round), segment_start(p, p.round + 1), 0};
     if (w.begin >= w.end) return;
   } else if (p.beside) {  // the one sequence, places from 0
