@@ -142,6 +142,14 @@ TEST(CudaWgmma, SmemAKMajor64x128) {
 TEST(CudaWgmma, SmemAMNMajorSecondColumnBlock) {
   check_product<8, 8, true, 128, true>();
 }
+// All 128 columns with A from shared memory, B K-major and MN-major (bench/fused_backward_probe.cu:
+// K dS, dO S^T).
+TEST(CudaWgmma, SmemAKMajor64x128x128) {
+  check_product<16, 8, false, 128, true>();
+}
+TEST(CudaWgmma, SmemAMNMajor64x128x64) {
+  check_product<16, 4, true, 128, true>();
+}
 // S^T dS (grad_chunk.cu: the gradient of gamma): A the second 64 rows of a 128-row tile, B the
 // second 64-row window of another.
 TEST(CudaWgmma, SmemASecondRowBlockOf128) {

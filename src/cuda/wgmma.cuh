@@ -174,7 +174,7 @@ __device__ inline void wgmma_tile(Acc (&d)[N], const std::uint32_t (&a)[4], std:
     wgmma_n128<kTrans>(d, a, desc, accumulate);
 }
 
-// As wgmma_n32 and wgmma_n64 with A read from shared memory through its descriptor.
+// As wgmma_n32, wgmma_n64 and wgmma_n128 with A read from shared memory through its descriptor.
 template <bool kTrans>
 __device__ inline void wgmma_ss_n32(Acc (&d)[4], std::uint64_t a_desc, std::uint64_t desc,
                                     bool accumulate) {
@@ -205,14 +205,41 @@ __device__ inline void wgmma_ss_n64(Acc (&d)[8], std::uint64_t a_desc, std::uint
         "+f"(d[7][2]), "+f"(d[7][3])
       : "l"(a_desc), "l"(desc), "r"(static_cast<int>(accumulate)), "n"(static_cast<int>(kTrans)));
 }
+template <bool kTrans>
+__device__ inline void wgmma_ss_n128(Acc (&d)[16], std::uint64_t a_desc, std::uint64_t desc,
+                                     bool accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, p, 1, 1, 0, %67;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+        "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+        "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]),
+        "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]),
+        "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
+        "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]),
+        "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]),
+        "+f"(d[15][2]), "+f"(d[15][3])
+      : "l"(a_desc), "l"(desc), "r"(static_cast<int>(accumulate)), "n"(static_cast<int>(kTrans)));
+}
 template <int N, bool kTrans>
 __device__ inline void wgmma_tile(Acc (&d)[N], std::uint64_t a_desc, std::uint64_t desc,
                                   bool accumulate) {
-  static_assert(N == 4 || N == 8, "32 or 64 columns");
+  static_assert(N == 4 || N == 8 || N == 16, "32, 64 or 128 columns");
   if constexpr (N == 4)
     wgmma_ss_n32<kTrans>(d, a_desc, desc, accumulate);
-  else
+  else if constexpr (N == 8)
     wgmma_ss_n64<kTrans>(d, a_desc, desc, accumulate);
+  else
+    wgmma_ss_n128<kTrans>(d, a_desc, desc, accumulate);
 }
 
 // The descriptor of k-tile kt (16 columns) of a K-major swizzled tile of `rows` rows: 64-column

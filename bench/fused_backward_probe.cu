@@ -1,0 +1,556 @@
+// How fast can a fused backward of FlashQLA's shape walk its chunks with gdn's wgmma helpers?
+// A probe, not a kernel: it runs the schedule of such a kernel on random tiles and times it; its
+// values mean nothing (docs/cuda.md, "What exactness costs against it, and what a fused backward
+// would bring": why its schedule was timed first).
+//
+// A block owns one (sequence, value head) and walks its chunks in reverse, 4 warpgroups:
+//   producer  lane 0 of each warp issues two of a chunk's tiles (Q, K, dO, Vn, S^T, A, P, gates)
+//             as bulk copies, each as soon as the readers of that tile's previous chunk let go;
+//   chain     holds dS^T (128 x 128 f32, two m64n128 accumulators) and runs only the state's
+//             update: dS^T = gamma dS^T + (dO^T diag(scale e)) Q  (in two bf16 parts, as
+//             state_backward) - X2^T K,  X2 = diag(beta e) dR;  it hands out dS^T in bf16;
+//   dvn role  U = P^T dO, dVn = diag(f) K dS + U, dR = A^T dVn (X2^T, -dR, dv out), dL = -dR Vn^T
+//             and K K^T (dls out), dQe = dO S^T, dq += dpd K;  red.add of dq in bf16 at the end;
+//   dk role   dP = dO Vn^T and Q K^T (dpd out), dk = diag(f) Vn dS^T - X2 S^T + dpd^T Q + dls K
+//             in one accumulator;  red.add of dk in bf16 at the end.
+// 46 products of 64^3 a chunk (chain 12, dvn 18, dk 16), the ones a real kernel needs but for the
+// trace of S^T dS (2). Epilogues here convert and store what the next products read, scale by a
+// gate vector, and store dv; the gate gradients' sums are left out. Handoffs between the roles
+// are mbarriers (full / empty) a chunk; every tile is single-buffered. Registers (setmaxnreg):
+// producer 40, chain 208, dvn role 160, dk role 104 (ptxas: 8 bytes spilled; the chain at 200 or
+// the dvn role at 152 spilled 76-480).
+//
+//   fused_backward_probe [blocks chunks mode]   mode: 0 all, 1 no loads after the first chunk
+//                                                      (compute alone), 2 no dq, dk red.add
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "cuda/wgmma.cuh"
+
+using namespace gdn::cuda;
+
+namespace {
+
+constexpr int kThreads = 512;
+
+// Shared memory, bytes from a 1024-aligned base; every tile a swizzled tile (wgmma.cuh).
+struct Smem {
+  static constexpr int q = 0;                     // bf16 [64][128]   Q      in
+  static constexpr int k = q + kC * kD * 2;       // bf16 [64][128]   K      in
+  static constexpr int d_o = k + kC * kD * 2;     // bf16 [64][128]   dO     in
+  static constexpr int vn = d_o + kC * kD * 2;    // bf16 [64][128]   Vn     in
+  static constexpr int st = vn + kC * kD * 2;     // bf16 [128][128]  S^T    in
+  static constexpr int a = st + kD * kD * 2;      // bf16 [64][64]    A      in
+  static constexpr int pm = a + kC * kC * 2;      // bf16 [64][64]    P      in
+  static constexpr int gates = pm + kC * kC * 2;  // f32 [4][64] e, f, beta e, scale e   in
+  static constexpr int dst = gates + 1024;        // bf16 [128][128]  dS^T   chain -> both roles
+  static constexpr int dvn = dst + kD * kD * 2;   // bf16 [64][128]   dVn    dvn role
+  static constexpr int ndr = dvn + kC * kD * 2;   // bf16 [64][128]   -dR    dvn role
+  static constexpr int x2t = ndr + kC * kD * 2;   // bf16 [128][64]   X2^T   dvn -> chain
+  static constexpr int xb = x2t + kD * kC * 2;    // bf16 [64][128]   -X2    dvn -> dk
+  static constexpr int dpd = xb + kC * kD * 2;    // bf16 [64][64]    dpd    dk -> dvn
+  static constexpr int dls = dpd + kC * kC * 2;   // bf16 [64][64]    dls    dvn -> dk
+  static constexpr int bars = dls + kC * kC * 2;  // u64 [32] barriers
+  static constexpr int bytes = bars + 32 * 8 + 1024;
+};
+static_assert(Smem::bytes <= 227 * 1024, "one block an SM");
+
+// The input tiles, each with a full and an empty barrier, and their reader warpgroups.
+enum Tile { kQ, kK, kDO, kVn, kSt, kA, kP, kGatesTile, kTiles };
+__host__ __device__ constexpr int tile_offset(int t) {
+  constexpr int at[kTiles] = {Smem::q,  Smem::k, Smem::d_o, Smem::vn,
+                              Smem::st, Smem::a, Smem::pm,  Smem::gates};
+  return at[t];
+}
+__host__ __device__ constexpr int tile_bytes(int t) {
+  return t == kSt             ? kD * kD * 2
+         : t == kA || t == kP ? kC * kC * 2
+         : t == kGatesTile    ? 1024
+                              : kC * kD * 2;
+}
+// Reader warpgroups (1 chain, 2 dvn, 3 dk role), 128 arrivals each on the tile's empty barrier.
+__host__ __device__ constexpr int tile_readers(int t) {
+  return t == kA || t == kP ? 1 : t == kK || t == kDO || t == kGatesTile ? 3 : 2;
+}
+// Handoffs between the roles, each a full (128 writers) and an empty barrier.
+enum Handoff { kDst, kX2, kDpd, kDls, kHandoffs };
+__host__ __device__ constexpr int handoff_readers(int h) {
+  return h == kDst || h == kX2 ? 2 : 1;
+}
+
+struct Bars {
+  unsigned base;
+  __device__ unsigned full(int t) const { return base + 8 * t; }
+  __device__ unsigned empty(int t) const { return base + 8 * (kTiles + t); }
+  __device__ unsigned hfull(int h) const { return base + 8 * (2 * kTiles + h); }
+  __device__ unsigned hempty(int h) const { return base + 8 * (2 * kTiles + kHandoffs + h); }
+};
+
+__device__ inline void bar_init(unsigned bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+__device__ inline void bar_wait(unsigned bar, int phase) {
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n}\n" ::"r"(bar),
+      "r"(phase & 1)
+      : "memory");
+}
+__device__ inline void bar_arrive(unsigned bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ inline void bulk_load(unsigned char* smem, const void* gmem, int bytes, unsigned bar) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
+          "r"(smem_address(smem)),
+      "l"(gmem), "r"(bytes), "r"(bar)
+      : "memory");
+}
+template <int kRegs>
+__device__ inline void regs_up() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+template <int kRegs>
+__device__ inline void regs_down() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+
+// An accumulator block of a warpgroup (64 rows x 8 N columns, rows 16 (warp % 4) ..) rounded to
+// bf16 into a swizzled tile of `rows` rows at row `row0`, column `col0`, each row scaled.
+template <int N>
+__device__ inline void store_acc(bf16* tile, int rows, int row0, int col0, const Acc (&acc)[N],
+                                 float s_lo, float s_hi) {
+  const int lane = threadIdx.x % 32, r = row0 + 16 * (threadIdx.x / 32 % 4) + lane / 4;
+  const int c = col0 + 2 * (lane % 4);
+#pragma unroll
+  for (int nt = 0; nt < N; ++nt) {
+    *reinterpret_cast<std::uint32_t*>(swizzled_at(tile, rows, r, c + 8 * nt)) =
+        pack_bf16(s_lo * acc[nt][0], s_lo * acc[nt][1]);
+    *reinterpret_cast<std::uint32_t*>(swizzled_at(tile, rows, r + 8, c + 8 * nt)) =
+        pack_bf16(s_hi * acc[nt][2], s_hi * acc[nt][3]);
+  }
+}
+// The same block stored transposed (element (r, c) to (c, r)), 16-bit stores.
+template <int N>
+__device__ inline void store_acc_t(bf16* tile, int rows, const Acc (&acc)[N]) {
+  const int lane = threadIdx.x % 32, r = 16 * (threadIdx.x / 32 % 4) + lane / 4;
+  const int c = 2 * (lane % 4);
+#pragma unroll
+  for (int nt = 0; nt < N; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      *swizzled_at(tile, rows, c + 8 * nt + e % 2, r + 8 * (e / 2)) = __float2bfloat16(acc[nt][e]);
+}
+// The block added in bf16 onto global rows (row stride kD), red.add of bf16x2.
+template <int N>
+__device__ inline void red_add(bf16* dst, const Acc (&acc)[N]) {
+  const int lane = threadIdx.x % 32, r = 16 * (threadIdx.x / 32 % 4) + lane / 4;
+  const int c = 2 * (lane % 4);
+#pragma unroll
+  for (int nt = 0; nt < N; ++nt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const std::uint32_t v = pack_bf16(acc[nt][2 * h], acc[nt][2 * h + 1]);
+      asm volatile(
+          "red.global.add.noftz.bf16x2 [%0], %1;\n" ::"l"(dst + (r + 8 * h) * kD + c + 8 * nt),
+          "r"(v)
+          : "memory");
+    }
+}
+template <int N>
+__device__ inline void wait_all(Acc (&acc)[N]) {
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_acc(acc);
+}
+
+struct Args {
+  const bf16* in[kTiles];  // per (block or key head, chunk), each tile's bytes contiguous
+  bf16* dv;                // [blocks][chunks][64][128]
+  bf16* dq;                // [blocks / 2][chunks][64][128]
+  bf16* dk;
+  int chunks, mode;
+};
+
+__global__ void __launch_bounds__(kThreads, 1) probe_kernel(Args args) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  unsigned char* smem = align_1024(smem_raw);
+  const Bars bars{smem_address(smem + Smem::bars)};
+  const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+  if (threadIdx.x == 0) {
+    for (int t = 0; t < kTiles; ++t) {
+      bar_init(bars.full(t), 1);
+      bar_init(bars.empty(t), 128 * tile_readers(t));
+    }
+    for (int h = 0; h < kHandoffs; ++h) {
+      bar_init(bars.hfull(h), 128);
+      bar_init(bars.hempty(h), 128 * handoff_readers(h));
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  const int chunks = args.chunks, block = blockIdx.x;
+  auto tile = [&](int off) { return reinterpret_cast<bf16*>(smem + off); };
+  const float* gv = reinterpret_cast<const float*>(smem + Smem::gates);
+  bf16 *Q = tile(Smem::q), *K = tile(Smem::k), *dO = tile(Smem::d_o), *Vn = tile(Smem::vn),
+       *St = tile(Smem::st), *A = tile(Smem::a), *P = tile(Smem::pm), *Dst = tile(Smem::dst),
+       *Dvn = tile(Smem::dvn), *Ndr = tile(Smem::ndr), *X2t = tile(Smem::x2t),
+       *Dpd = tile(Smem::dpd), *Dls = tile(Smem::dls), *Xb = tile(Smem::xb);
+  const int r_lo = 16 * (tid / 32) + tid % 32 / 4;  // this thread's rows of a 64-row block
+
+  if (wg == 0) {  // producer
+    regs_down<40>();
+    // Lane 0 of warp w loads two tiles, the one its readers free first first: gates and Q, A
+    // and K, P and S^T, Vn and dO.
+    const int w = tid / 32;
+    const int first = w == 0 ? kGatesTile : w == 1 ? kA : w == 2 ? kP : kVn;
+    const int second = w == 0 ? kQ : w == 1 ? kK : w == 2 ? kSt : kDO;
+    if (tid % 32 == 0)
+      for (int i = 0; i < chunks; ++i) {
+        const int c = chunks - 1 - i;
+        for (int j = 0; j < 2; ++j) {
+          const int t = j ? second : first;
+          if (i > 0) bar_wait(bars.empty(t), i - 1);
+          if (i > 0 && args.mode == 1) {  // compute alone: complete the phase without bytes
+            bar_arrive(bars.full(t));
+            continue;
+          }
+          const int owner = (t == kQ || t == kK) ? block / 2 : block;
+          const long long at = (static_cast<long long>(owner) * chunks + c) * tile_bytes(t);
+          bulk_load(smem + tile_offset(t), reinterpret_cast<const unsigned char*>(args.in[t]) + at,
+                    tile_bytes(t), bars.full(t));
+        }
+      }
+    return;
+  }
+
+  if (wg == 1) {  // chain: dS^T in registers, rows 0..63 (s0) and 64..127 (s1)
+    regs_up<208>();
+    Acc s0[16], s1[16];
+#pragma unroll
+    for (int nt = 0; nt < 16; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s0[nt][e] = s1[nt][e] = 0.01f * (nt + e);
+    for (int i = 0; i < chunks; ++i) {
+      // Hand out dS^T in bf16 once both roles are done with the last chunk's.
+      if (i > 0) bar_wait(bars.hempty(kDst), i - 1);
+      store_acc(Dst, kD, 0, 0, s0, 1.f, 1.f);
+      store_acc(Dst, kD, 64, 0, s1, 1.f, 1.f);
+      fence_proxy_async();
+      bar_arrive(bars.hfull(kDst));
+      bar_wait(bars.full(kGatesTile), i);
+      const float gamma = gv[kC - 1];
+      float e_at[4][2];
+#pragma unroll
+      for (int kt = 0; kt < 4; ++kt)
+        e_at[kt][0] = gv[3 * kC + 16 * kt + 2 * (tid % 4)], e_at[kt][1] = gv[3 * kC + 16 * kt + 8];
+      bar_arrive(bars.empty(kGatesTile));
+      bar_wait(bars.full(kDO), i);
+      bar_wait(bars.full(kQ), i);
+      // (dO^T diag(scale e)) Q for each half, A from dO's tile (16 rows of V a warp), two parts.
+      auto q_term = [&](Acc(&s)[16], int half) {
+        std::uint32_t sa[4][4], sl[4][4];
+#pragma unroll
+        for (int kt = 0; kt < 4; ++kt) {
+          std::uint32_t raw[4];
+          ldmatrix_x4_trans(raw, swizzled_at(dO, kC, 16 * kt + tid % 16,
+                                             64 * half + 16 * (tid / 32) + 8 * (tid % 32 / 16)));
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const float2 x = unpack2<bf16>(raw[j]);
+            const float e = e_at[kt][j / 2];
+            sa[kt][j] = pack_bf16_split(e * x.x, e * x.y, sl[kt][j]);
+          }
+        }
+#pragma unroll
+        for (int nt = 0; nt < 16; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[nt][e] *= gamma;
+        wgmma_fence();
+        wgmma_kn(s, sa, Q, kC, true);
+        wgmma_kn(s, sl, Q, kC, true);
+        wait_all(s);
+      };
+      q_term(s0, 0);
+      q_term(s1, 1);
+      bar_arrive(bars.empty(kDO));
+      bar_arrive(bars.empty(kQ));
+      // - X2^T K, once the dvn role has X2.
+      bar_wait(bars.hfull(kX2), i);
+      bar_wait(bars.full(kK), i);
+      wgmma_fence();
+      wgmma_kn(s0, SmemA<4>{X2t, kD}, K, kC, true);
+      wgmma_kn(s1, SmemA<4>{X2t + 64 * 64, kD}, K, kC, true);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_acc(s0);
+      fence_acc(s1);
+      bar_arrive(bars.hempty(kX2));
+      bar_arrive(bars.empty(kK));
+    }
+    // Keep the state live: one store of a sum.
+    float sum = 0;
+#pragma unroll
+    for (int nt = 0; nt < 16; ++nt) sum += s0[nt][0] + s1[nt][3];
+    if (sum == 12345.f) args.dv[0] = __float2bfloat16(sum);
+    return;
+  }
+
+  if (wg == 2) {  // dvn role
+    regs_up<160>();
+    Acc dq[16];
+    for (int i = 0; i < chunks; ++i) {
+      const int c = chunks - 1 - i;
+      bar_wait(bars.full(kGatesTile), i);
+      const float f_lo = gv[kC + r_lo], f_hi = gv[kC + r_lo + 8];
+      const float be_lo = gv[2 * kC + r_lo], be_hi = gv[2 * kC + r_lo + 8];
+      bar_arrive(bars.empty(kGatesTile));
+      bar_wait(bars.full(kP), i);
+      bar_wait(bars.full(kDO), i);
+      Acc u[16], dvn[16];
+      wgmma_fence();
+      wgmma_kn(u, SmemA<4>{P}, dO, kC, false);  // U = P^T dO (P's tile as A: a probe)
+      wgmma_commit();
+      bar_wait(bars.full(kK), i);
+      bar_wait(bars.hfull(kDst), i);
+      wgmma_fence();
+      wgmma_nk(dvn, SmemA<8>{K}, Dst, false, kD);  // K dS
+      wait_all(dvn);
+      fence_acc(u);
+      bar_arrive(bars.hempty(kDst));
+#pragma unroll
+      for (int nt = 0; nt < 16; ++nt) {
+        dvn[nt][0] = f_lo * dvn[nt][0] + u[nt][0];
+        dvn[nt][1] = f_lo * dvn[nt][1] + u[nt][1];
+        dvn[nt][2] = f_hi * dvn[nt][2] + u[nt][2];
+        dvn[nt][3] = f_hi * dvn[nt][3] + u[nt][3];
+      }
+      store_acc(Dvn, kC, 0, 0, dvn, 1.f, 1.f);
+      fence_proxy_async();
+      named_barrier(1, 128);
+      // dR = A^T dVn; X2^T, -dR and dv out.
+      bar_wait(bars.full(kA), i);
+      Acc dr[16];
+      wgmma_fence();
+      wgmma_kn(dr, SmemA<4>{A}, Dvn, kC, false);
+      wait_all(dr);
+      bar_arrive(bars.empty(kA));
+      bar_arrive(bars.empty(kP));
+      if (i > 0) bar_wait(bars.hempty(kX2), i - 1);
+#pragma unroll
+      for (int nt = 0; nt < 16; ++nt) {
+        dr[nt][0] *= be_lo, dr[nt][1] *= be_lo, dr[nt][2] *= be_hi, dr[nt][3] *= be_hi;
+      }
+      store_acc_t(X2t, kD, dr);
+      store_acc(Xb, kC, 0, 0, dr, -1.f, -1.f);
+      store_acc(Ndr, kC, 0, 0, dr, -1.f / be_lo, -1.f / be_hi);  // (a probe: -dR)
+      fence_proxy_async();
+      bar_arrive(bars.hfull(kX2));
+      named_barrier(1, 128);  // -dR whole, for dL below
+      {
+        bf16* dv = args.dv + (static_cast<long long>(block) * args.chunks + c) * kC * kD;
+        const int lane = tid % 32, cc = 2 * (lane % 4);
+#pragma unroll
+        for (int nt = 0; nt < 16; ++nt) {
+          *reinterpret_cast<std::uint32_t*>(dv + r_lo * kD + cc + 8 * nt) =
+              pack_bf16(dr[nt][0], dr[nt][1]);
+          *reinterpret_cast<std::uint32_t*>(dv + (r_lo + 8) * kD + cc + 8 * nt) =
+              pack_bf16(dr[nt][2], dr[nt][3]);
+        }
+      }
+      // dL = -dR Vn^T and K K^T: dls out.
+      bar_wait(bars.full(kVn), i);
+      Acc dl[8], kk[8];
+      wgmma_fence();
+      wgmma_nk(dl, SmemA<8>{Ndr}, Vn, false, kC);
+      wgmma_nk(kk, SmemA<8>{K}, K, false, kC);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_acc(dl);
+      fence_acc(kk);
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dl[nt][e] *= kk[nt][e];
+      if (i > 0) bar_wait(bars.hempty(kDls), i - 1);
+      store_acc(Dls, kC, 0, 0, dl, be_lo, be_hi);
+      fence_proxy_async();
+      bar_arrive(bars.hfull(kDls));
+      bar_arrive(bars.empty(kVn));
+      // dQe = dO S^T, then dq += dpd K.
+      bar_wait(bars.full(kSt), i);
+      wgmma_fence();
+      wgmma_kn(dq, SmemA<8>{dO}, St, kD, false);
+      wait_all(dq);
+      bar_arrive(bars.empty(kDO));
+      bar_arrive(bars.empty(kSt));
+#pragma unroll
+      for (int nt = 0; nt < 16; ++nt) {
+        dq[nt][0] *= f_lo, dq[nt][1] *= f_lo, dq[nt][2] *= f_hi, dq[nt][3] *= f_hi;
+      }
+      bar_wait(bars.hfull(kDpd), i);
+      wgmma_fence();
+      wgmma_kn(dq, SmemA<4>{Dpd}, K, kC, true);
+      wait_all(dq);
+      bar_arrive(bars.hempty(kDpd));
+      bar_arrive(bars.empty(kK));
+      if (args.mode != 2)
+        red_add(args.dq + (static_cast<long long>(block / 2) * args.chunks + c) * kC * kD, dq);
+      else if (dq[0][0] == 12345.f)
+        args.dq[0] = __float2bfloat16(dq[1][1]);
+    }
+    return;
+  }
+
+  // dk role
+  regs_down<104>();
+  for (int i = 0; i < chunks; ++i) {
+    const int c = chunks - 1 - i;
+    bar_wait(bars.full(kGatesTile), i);
+    const float f_lo = gv[kC + r_lo], f_hi = gv[kC + r_lo + 8];
+    bar_arrive(bars.empty(kGatesTile));
+    bar_wait(bars.full(kDO), i);
+    bar_wait(bars.full(kVn), i);
+    bar_wait(bars.full(kQ), i);
+    bar_wait(bars.full(kK), i);
+    {  // dP = dO Vn^T, Q K^T: dpd out
+      Acc dp[8], qk[8];
+      wgmma_fence();
+      wgmma_nk(dp, SmemA<8>{dO}, Vn, false, kC);
+      wgmma_nk(qk, SmemA<8>{Q}, K, false, kC);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_acc(dp);
+      fence_acc(qk);
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dp[nt][e] *= qk[nt][e];
+      if (i > 0) bar_wait(bars.hempty(kDpd), i - 1);
+      store_acc(Dpd, kC, 0, 0, dp, f_lo, f_hi);
+      fence_proxy_async();
+      bar_arrive(bars.hfull(kDpd));
+      bar_arrive(bars.empty(kDO));
+    }
+    // dk = diag(f) Vn dS^T + (-diag(beta e) dR) S^T + dpd^T Q + dls K, in one accumulator.
+    Acc dk[16];
+    bar_wait(bars.hfull(kDst), i);
+    wgmma_fence();
+    wgmma_kn(dk, SmemA<8>{Vn}, Dst, kD, false);
+    wait_all(dk);
+    bar_arrive(bars.hempty(kDst));
+    bar_arrive(bars.empty(kVn));
+#pragma unroll
+    for (int nt = 0; nt < 16; ++nt) {
+      dk[nt][0] *= f_lo, dk[nt][1] *= f_lo, dk[nt][2] *= f_hi, dk[nt][3] *= f_hi;
+    }
+    bar_wait(bars.hfull(kX2), i);
+    bar_wait(bars.full(kSt), i);
+    wgmma_fence();
+    wgmma_kn(dk, SmemA<8>{Xb}, St, kD, true);
+    wait_all(dk);
+    bar_arrive(bars.hempty(kX2));
+    bar_arrive(bars.empty(kSt));
+    bar_wait(bars.hfull(kDls), i);
+    bar_wait(bars.hfull(kDpd), i);  // every thread of this warpgroup stored its part of dpd
+    wgmma_fence();
+    wgmma_kn(dk, SmemA<4>{Dpd}, Q, kC, true);
+    wgmma_kn(dk, SmemA<4>{Dls}, K, kC, true);
+    wait_all(dk);
+    bar_arrive(bars.hempty(kDls));
+    bar_arrive(bars.empty(kQ));
+    bar_arrive(bars.empty(kK));
+    if (args.mode != 2)
+      red_add(args.dk + (static_cast<long long>(block / 2) * args.chunks + c) * kC * kD, dk);
+    else if (dk[0][0] == 12345.f)
+      args.dk[0] = __float2bfloat16(dk[1][1]);
+  }
+}
+
+#define CHECK(x)                                                                     \
+  do {                                                                               \
+    cudaError_t e = (x);                                                             \
+    if (e != cudaSuccess) {                                                          \
+      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); \
+      std::exit(1);                                                                  \
+    }                                                                                \
+  } while (0)
+
+__global__ void fill_kernel(bf16* x, long long n, unsigned seed) {
+  for (long long i = blockIdx.x * 256ll + threadIdx.x; i < n; i += 256ll * gridDim.x) {
+    unsigned h = static_cast<unsigned>(i) * 2654435761u ^ seed;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    x[i] = __float2bfloat16(((h & 0xffff) / 65536.f - 0.5f) * 0.25f);
+  }
+}
+// Gates in (0.5, 1]: finite products throughout.
+__global__ void fill_gates(float* x, long long n) {
+  for (long long i = blockIdx.x * 256ll + threadIdx.x; i < n; i += 256ll * gridDim.x)
+    x[i] = 1.f - (i % 64) / 128.f;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int blocks = argc > 1 ? std::atoi(argv[1]) : 256;
+  const int chunks = argc > 2 ? std::atoi(argv[2]) : 128;
+  const int mode = argc > 3 ? std::atoi(argv[3]) : 0;
+  if (blocks < 2 || blocks % 2 || chunks < 1 || mode < 0 || mode > 2) {
+    std::fprintf(stderr, "usage: fused_backward_probe [blocks (even) chunks mode (0..2)]\n");
+    return 2;
+  }
+  Args args{};
+  std::vector<void*> owned;
+  auto alloc = [&](long long elements) {
+    bf16* x;
+    CHECK(cudaMalloc(&x, elements * 2));
+    fill_kernel<<<1024, 256>>>(x, elements, static_cast<unsigned>(owned.size()) * 7919u);
+    owned.push_back(x);
+    return x;
+  };
+  for (int t = 0; t < kTiles; ++t) {
+    const long long owners = (t == kQ || t == kK) ? blocks / 2 : blocks;
+    args.in[t] = alloc(owners * chunks * tile_bytes(t) / 2);
+  }
+  fill_gates<<<1024, 256>>>(const_cast<float*>(reinterpret_cast<const float*>(args.in[kGatesTile])),
+                            static_cast<long long>(blocks) * chunks * 256);
+  args.dv = alloc(static_cast<long long>(blocks) * chunks * kC * kD);
+  args.dq = alloc(static_cast<long long>(blocks / 2) * chunks * kC * kD);
+  args.dk = alloc(static_cast<long long>(blocks / 2) * chunks * kC * kD);
+  args.chunks = chunks;
+  args.mode = mode;
+  CHECK(
+      cudaFuncSetAttribute(probe_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Smem::bytes));
+  cudaEvent_t t0, t1;
+  CHECK(cudaEventCreate(&t0));
+  CHECK(cudaEventCreate(&t1));
+  int sms = 0;
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  float best = 1e30f;
+  for (int rep = 0; rep < 6; ++rep) {
+    CHECK(cudaEventRecord(t0));
+    probe_kernel<<<blocks, kThreads, Smem::bytes>>>(args);
+    CHECK(cudaEventRecord(t1));
+    CHECK(cudaEventSynchronize(t1));
+    CHECK(cudaGetLastError());
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, t0, t1));
+    if (rep > 0 && ms < best) best = ms;
+  }
+  const double waves = (blocks + sms - 1) / sms;
+  std::printf(
+      "blocks %d chunks %d mode %d: %.3f ms, %.2f us a chunk step (%g waves), %.2f us of "
+      "an SM a chunk and value head\n",
+      blocks, chunks, mode, best, 1000.0 * best / (waves * chunks), waves,
+      1000.0 * best * sms / (static_cast<double>(blocks) * chunks));
+  for (void* x : owned) CHECK(cudaFree(x));
+  return 0;
+}
