@@ -8,17 +8,20 @@
 //             as bulk copies, each as soon as the readers of that tile's previous chunk let go;
 //   chain     holds dS^T (128 x 128 f32, two m64n128 accumulators) and runs only the state's
 //             update: dS^T = gamma dS^T + (dO^T diag(scale e)) Q  (in two bf16 parts, as
-//             state_backward) - X2^T K,  X2 = diag(beta e) dR;  it hands out dS^T in bf16;
-//   dvn role  U = P^T dO, dVn = diag(f) K dS + U, dR = A^T dVn (X2^T, -dR, dv out), dL = -dR Vn^T
+//             state_backward) + (-X2)^T K,  X2 = diag(beta e) dR, its tile read as A^T (MN-major);
+//             it hands out dS^T in bf16;
+//   dvn role  U = P^T dO, dVn = diag(f) K dS + U, dR = A^T dVn (-X2, -dR, dv out), dL = -dR Vn^T
 //             and K K^T (dls out), dQe = dO S^T, dq += dpd K;  red.add of dq in bf16 at the end;
 //   dk role   dP = dO Vn^T and Q K^T (dpd out), dk = diag(f) Vn dS^T - X2 S^T + dpd^T Q + dls K
 //             in one accumulator;  red.add of dk in bf16 at the end.
 // 46 products of 64^3 a chunk (chain 12, dvn 18, dk 16), the ones a real kernel needs but for the
 // trace of S^T dS (2). Epilogues here convert and store what the next products read, scale by a
 // gate vector, and store dv; the gate gradients' sums are left out. Handoffs between the roles
-// are mbarriers (full / empty) a chunk; every tile is single-buffered. Registers (setmaxnreg):
-// producer 40, chain 208, dvn role 160, dk role 104 (ptxas: 8 bytes spilled; the chain at 200 or
-// the dvn role at 152 spilled 76-480).
+// are mbarriers (full / empty) a chunk. Q and K are in two stages, since the dk role reads them
+// last and the chain and the dvn role first: in one (the first version) the dk role's whole chunk
+// lay on the loop's path, 8 us a chunk step. dVn takes -X2's tile (its last reader is done by
+// then). Registers (setmaxnreg): producer 40, chain 208, dvn role 160, dk role 104 (ptxas: 16
+// bytes spilled; the chain at 200 or the dvn role at 152 spilled 76-480).
 //
 //   fused_backward_probe [blocks chunks mode]   mode: 0 all, 1 no loads after the first chunk
 //                                                      (compute alone), 2 no dq, dk red.add
@@ -38,28 +41,31 @@ constexpr int kThreads = 512;
 
 // Shared memory, bytes from a 1024-aligned base; every tile a swizzled tile (wgmma.cuh).
 struct Smem {
-  static constexpr int q = 0;                     // bf16 [64][128]   Q      in
-  static constexpr int k = q + kC * kD * 2;       // bf16 [64][128]   K      in
-  static constexpr int d_o = k + kC * kD * 2;     // bf16 [64][128]   dO     in
-  static constexpr int vn = d_o + kC * kD * 2;    // bf16 [64][128]   Vn     in
-  static constexpr int st = vn + kC * kD * 2;     // bf16 [128][128]  S^T    in
-  static constexpr int a = st + kD * kD * 2;      // bf16 [64][64]    A      in
-  static constexpr int pm = a + kC * kC * 2;      // bf16 [64][64]    P      in
-  static constexpr int gates = pm + kC * kC * 2;  // f32 [4][64] e, f, beta e, scale e   in
-  static constexpr int dst = gates + 1024;        // bf16 [128][128]  dS^T   chain -> both roles
-  static constexpr int dvn = dst + kD * kD * 2;   // bf16 [64][128]   dVn    dvn role
-  static constexpr int ndr = dvn + kC * kD * 2;   // bf16 [64][128]   -dR    dvn role
-  static constexpr int x2t = ndr + kC * kD * 2;   // bf16 [128][64]   X2^T   dvn -> chain
-  static constexpr int xb = x2t + kD * kC * 2;    // bf16 [64][128]   -X2    dvn -> dk
-  static constexpr int dpd = xb + kC * kD * 2;    // bf16 [64][64]    dpd    dk -> dvn
-  static constexpr int dls = dpd + kC * kC * 2;   // bf16 [64][64]    dls    dvn -> dk
-  static constexpr int bars = dls + kC * kC * 2;  // u64 [32] barriers
-  static constexpr int bytes = bars + 32 * 8 + 1024;
+  static constexpr int q = 0;                      // bf16 [2][64][128] Q      in (2 stages)
+  static constexpr int k = q + 2 * kC * kD * 2;    // bf16 [2][64][128] K      in (2 stages)
+  static constexpr int d_o = k + 2 * kC * kD * 2;  // bf16 [64][128]   dO     in
+  static constexpr int vn = d_o + kC * kD * 2;     // bf16 [64][128]    Vn     in
+  static constexpr int st = vn + kC * kD * 2;      // bf16 [128][128]   S^T    in
+  static constexpr int a = st + kD * kD * 2;       // bf16 [64][64]     A      in
+  static constexpr int pm = a + kC * kC * 2;       // bf16 [64][64]     P      in
+  static constexpr int gates = pm + kC * kC * 2;   // f32 [4][64] e, f, beta e, scale e   in
+  static constexpr int dst = gates + 1024;         // bf16 [128][128]   dS^T   chain -> both roles
+  static constexpr int xb = dst + kD * kD * 2;     // bf16 [64][128]    dVn, then -X2  dvn -> all
+  static constexpr int ndr = xb + kC * kD * 2;     // bf16 [64][128]    -dR    dvn role
+  static constexpr int dpd = ndr + kC * kD * 2;    // bf16 [64][64]     dpd    dk -> dvn
+  static constexpr int dls = dpd + kC * kC * 2;    // bf16 [64][64]     dls    dvn -> dk
+  static constexpr int bars = dls + kC * kC * 2;   // u64 [48] barriers
+  static constexpr int bytes = bars + 48 * 8 + 1024;
 };
 static_assert(Smem::bytes <= 227 * 1024, "one block an SM");
+static_assert(4 * 8 + 2 * 4 <= 48, "barriers");
 
 // The input tiles, each with a full and an empty barrier, and their reader warpgroups.
 enum Tile { kQ, kK, kDO, kVn, kSt, kA, kP, kGatesTile, kTiles };
+// Q and K in two stages (chunk i in stage i % 2), the others in one.
+__host__ __device__ constexpr int stages(int t) {
+  return t == kQ || t == kK ? 2 : 1;
+}
 __host__ __device__ constexpr int tile_offset(int t) {
   constexpr int at[kTiles] = {Smem::q,  Smem::k, Smem::d_o, Smem::vn,
                               Smem::st, Smem::a, Smem::pm,  Smem::gates};
@@ -81,13 +87,19 @@ __host__ __device__ constexpr int handoff_readers(int h) {
   return h == kDst || h == kX2 ? 2 : 1;
 }
 
+// Tile t's barriers of chunk i (its stage's) and the phase chunk i waits for; the handoffs'.
 struct Bars {
   unsigned base;
-  __device__ unsigned full(int t) const { return base + 8 * t; }
-  __device__ unsigned empty(int t) const { return base + 8 * (kTiles + t); }
-  __device__ unsigned hfull(int h) const { return base + 8 * (2 * kTiles + h); }
-  __device__ unsigned hempty(int h) const { return base + 8 * (2 * kTiles + kHandoffs + h); }
+  __device__ unsigned full(int t, int i) const { return base + 8 * (2 * t + i % stages(t)); }
+  __device__ unsigned empty(int t, int i) const {
+    return base + 8 * (2 * kTiles + 2 * t + i % stages(t));
+  }
+  __device__ unsigned hfull(int h) const { return base + 8 * (4 * kTiles + h); }
+  __device__ unsigned hempty(int h) const { return base + 8 * (4 * kTiles + kHandoffs + h); }
 };
+__device__ inline int phase(int t, int i) {
+  return i / stages(t);
+}
 
 __device__ inline void bar_init(unsigned bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
@@ -136,31 +148,26 @@ __device__ inline void store_acc(bf16* tile, int rows, int row0, int col0, const
         pack_bf16(s_hi * acc[nt][2], s_hi * acc[nt][3]);
   }
 }
-// The same block stored transposed (element (r, c) to (c, r)), 16-bit stores.
-template <int N>
-__device__ inline void store_acc_t(bf16* tile, int rows, const Acc (&acc)[N]) {
-  const int lane = threadIdx.x % 32, r = 16 * (threadIdx.x / 32 % 4) + lane / 4;
-  const int c = 2 * (lane % 4);
-#pragma unroll
-  for (int nt = 0; nt < N; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e)
-      *swizzled_at(tile, rows, c + 8 * nt + e % 2, r + 8 * (e / 2)) = __float2bfloat16(acc[nt][e]);
-}
-// The block added in bf16 onto global rows (row stride kD), red.add of bf16x2.
+// The block added in bf16 onto global rows (row stride kD) by red.add of two bf16x2: lanes 2j
+// and 2j + 1 of a row trade a pair so that each holds 4 consecutive columns of one n-tile (the
+// even lane of tile 2p, the odd of 2p + 1).
 template <int N>
 __device__ inline void red_add(bf16* dst, const Acc (&acc)[N]) {
   const int lane = threadIdx.x % 32, r = 16 * (threadIdx.x / 32 % 4) + lane / 4;
-  const int c = 2 * (lane % 4);
+  const bool odd = lane % 2;
+  const int c = 2 * (lane % 4) - (odd ? 2 : 0);
 #pragma unroll
-  for (int nt = 0; nt < N; ++nt)
+  for (int p = 0; p < N / 2; ++p)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const std::uint32_t v = pack_bf16(acc[nt][2 * h], acc[nt][2 * h + 1]);
-      asm volatile(
-          "red.global.add.noftz.bf16x2 [%0], %1;\n" ::"l"(dst + (r + 8 * h) * kD + c + 8 * nt),
-          "r"(v)
-          : "memory");
+      const std::uint32_t even_tile = pack_bf16(acc[2 * p][2 * h], acc[2 * p][2 * h + 1]);
+      const std::uint32_t odd_tile = pack_bf16(acc[2 * p + 1][2 * h], acc[2 * p + 1][2 * h + 1]);
+      const std::uint32_t got = __shfl_xor_sync(0xffffffffu, odd ? even_tile : odd_tile, 1);
+      const std::uint32_t lo = odd ? got : even_tile, hi = odd ? odd_tile : got;
+      asm volatile("red.global.add.noftz.v2.bf16x2 [%0], {%1, %2};\n" ::"l"(dst + (r + 8 * h) * kD +
+                                                                            8 * (2 * p + odd) + c),
+                   "r"(lo), "r"(hi)
+                   : "memory");
     }
 }
 template <int N>
@@ -184,10 +191,11 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(Args args) {
   const Bars bars{smem_address(smem + Smem::bars)};
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   if (threadIdx.x == 0) {
-    for (int t = 0; t < kTiles; ++t) {
-      bar_init(bars.full(t), 1);
-      bar_init(bars.empty(t), 128 * tile_readers(t));
-    }
+    for (int t = 0; t < kTiles; ++t)
+      for (int b = 0; b < stages(t); ++b) {
+        bar_init(bars.full(t, b), 1);
+        bar_init(bars.empty(t, b), 128 * tile_readers(t));
+      }
     for (int h = 0; h < kHandoffs; ++h) {
       bar_init(bars.hfull(h), 128);
       bar_init(bars.hempty(h), 128 * handoff_readers(h));
@@ -198,10 +206,12 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(Args args) {
   const int chunks = args.chunks, block = blockIdx.x;
   auto tile = [&](int off) { return reinterpret_cast<bf16*>(smem + off); };
   const float* gv = reinterpret_cast<const float*>(smem + Smem::gates);
-  bf16 *Q = tile(Smem::q), *K = tile(Smem::k), *dO = tile(Smem::d_o), *Vn = tile(Smem::vn),
-       *St = tile(Smem::st), *A = tile(Smem::a), *P = tile(Smem::pm), *Dst = tile(Smem::dst),
-       *Dvn = tile(Smem::dvn), *Ndr = tile(Smem::ndr), *X2t = tile(Smem::x2t),
-       *Dpd = tile(Smem::dpd), *Dls = tile(Smem::dls), *Xb = tile(Smem::xb);
+  bf16 *dO = tile(Smem::d_o), *Vn = tile(Smem::vn), *St = tile(Smem::st), *A = tile(Smem::a),
+       *P = tile(Smem::pm), *Dst = tile(Smem::dst), *Xb = tile(Smem::xb), *Ndr = tile(Smem::ndr),
+       *Dpd = tile(Smem::dpd), *Dls = tile(Smem::dls);
+  // Chunk i's Q and K (their stage).
+  auto q_of = [&](int i) { return tile(Smem::q + i % 2 * kC * kD * 2); };
+  auto k_of = [&](int i) { return tile(Smem::k + i % 2 * kC * kD * 2); };
   const int r_lo = 16 * (tid / 32) + tid % 32 / 4;  // this thread's rows of a 64-row block
 
   if (wg == 0) {  // producer
@@ -216,15 +226,16 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(Args args) {
         const int c = chunks - 1 - i;
         for (int j = 0; j < 2; ++j) {
           const int t = j ? second : first;
-          if (i > 0) bar_wait(bars.empty(t), i - 1);
-          if (i > 0 && args.mode == 1) {  // compute alone: complete the phase without bytes
-            bar_arrive(bars.full(t));
+          if (i >= stages(t)) bar_wait(bars.empty(t, i), phase(t, i) - 1);
+          if (i >= stages(t) && args.mode == 1) {  // compute alone: the phase without bytes
+            bar_arrive(bars.full(t, i));
             continue;
           }
           const int owner = (t == kQ || t == kK) ? block / 2 : block;
           const long long at = (static_cast<long long>(owner) * chunks + c) * tile_bytes(t);
-          bulk_load(smem + tile_offset(t), reinterpret_cast<const unsigned char*>(args.in[t]) + at,
-                    tile_bytes(t), bars.full(t));
+          bulk_load(smem + tile_offset(t) + i % stages(t) * tile_bytes(t),
+                    reinterpret_cast<const unsigned char*>(args.in[t]) + at, tile_bytes(t),
+                    bars.full(t, i));
         }
       }
     return;
@@ -238,21 +249,22 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(Args args) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) s0[nt][e] = s1[nt][e] = 0.01f * (nt + e);
     for (int i = 0; i < chunks; ++i) {
+      const bf16 *Q = q_of(i), *K = k_of(i);
       // Hand out dS^T in bf16 once both roles are done with the last chunk's.
       if (i > 0) bar_wait(bars.hempty(kDst), i - 1);
       store_acc(Dst, kD, 0, 0, s0, 1.f, 1.f);
       store_acc(Dst, kD, 64, 0, s1, 1.f, 1.f);
       fence_proxy_async();
       bar_arrive(bars.hfull(kDst));
-      bar_wait(bars.full(kGatesTile), i);
+      bar_wait(bars.full(kGatesTile, i), phase(kGatesTile, i));
       const float gamma = gv[kC - 1];
       float e_at[4][2];
 #pragma unroll
       for (int kt = 0; kt < 4; ++kt)
         e_at[kt][0] = gv[3 * kC + 16 * kt + 2 * (tid % 4)], e_at[kt][1] = gv[3 * kC + 16 * kt + 8];
-      bar_arrive(bars.empty(kGatesTile));
-      bar_wait(bars.full(kDO), i);
-      bar_wait(bars.full(kQ), i);
+      bar_arrive(bars.empty(kGatesTile, i));
+      bar_wait(bars.full(kDO, i), phase(kDO, i));
+      bar_wait(bars.full(kQ, i), phase(kQ, i));
       // (dO^T diag(scale e)) Q for each half, A from dO's tile (16 rows of V a warp), two parts.
       auto q_term = [&](Acc(&s)[16], int half) {
         std::uint32_t sa[4][4], sl[4][4];
@@ -279,20 +291,20 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(Args args) {
       };
       q_term(s0, 0);
       q_term(s1, 1);
-      bar_arrive(bars.empty(kDO));
-      bar_arrive(bars.empty(kQ));
+      bar_arrive(bars.empty(kDO, i));
+      bar_arrive(bars.empty(kQ, i));
       // - X2^T K, once the dvn role has X2.
       bar_wait(bars.hfull(kX2), i);
-      bar_wait(bars.full(kK), i);
+      bar_wait(bars.full(kK, i), phase(kK, i));
       wgmma_fence();
-      wgmma_kn(s0, SmemA<4>{X2t, kD}, K, kC, true);
-      wgmma_kn(s1, SmemA<4>{X2t + 64 * 64, kD}, K, kC, true);
+      wgmma_kn(s0, SmemAT<4>{Xb, kC}, K, kC, true);  // -X2 read as X2^T's rows
+      wgmma_kn(s1, SmemAT<4>{Xb + kC * 64, kC}, K, kC, true);
       wgmma_commit();
       wgmma_wait<0>();
       fence_acc(s0);
       fence_acc(s1);
       bar_arrive(bars.hempty(kX2));
-      bar_arrive(bars.empty(kK));
+      bar_arrive(bars.empty(kK, i));
     }
     // Keep the state live: one store of a sum.
     float sum = 0;
@@ -306,18 +318,19 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(Args args) {
     regs_up<160>();
     Acc dq[16];
     for (int i = 0; i < chunks; ++i) {
+      const bf16* K = k_of(i);
       const int c = chunks - 1 - i;
-      bar_wait(bars.full(kGatesTile), i);
+      bar_wait(bars.full(kGatesTile, i), phase(kGatesTile, i));
       const float f_lo = gv[kC + r_lo], f_hi = gv[kC + r_lo + 8];
       const float be_lo = gv[2 * kC + r_lo], be_hi = gv[2 * kC + r_lo + 8];
-      bar_arrive(bars.empty(kGatesTile));
-      bar_wait(bars.full(kP), i);
-      bar_wait(bars.full(kDO), i);
+      bar_arrive(bars.empty(kGatesTile, i));
+      bar_wait(bars.full(kP, i), phase(kP, i));
+      bar_wait(bars.full(kDO, i), phase(kDO, i));
       Acc u[16], dvn[16];
       wgmma_fence();
       wgmma_kn(u, SmemA<4>{P}, dO, kC, false);  // U = P^T dO (P's tile as A: a probe)
       wgmma_commit();
-      bar_wait(bars.full(kK), i);
+      bar_wait(bars.full(kK, i), phase(kK, i));
       bar_wait(bars.hfull(kDst), i);
       wgmma_fence();
       wgmma_nk(dvn, SmemA<8>{K}, Dst, false, kD);  // K dS
@@ -331,23 +344,22 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(Args args) {
         dvn[nt][2] = f_hi * dvn[nt][2] + u[nt][2];
         dvn[nt][3] = f_hi * dvn[nt][3] + u[nt][3];
       }
-      store_acc(Dvn, kC, 0, 0, dvn, 1.f, 1.f);
+      if (i > 0) bar_wait(bars.hempty(kX2), i - 1);  // dVn takes -X2's tile
+      store_acc(Xb, kC, 0, 0, dvn, 1.f, 1.f);
       fence_proxy_async();
       named_barrier(1, 128);
       // dR = A^T dVn; X2^T, -dR and dv out.
-      bar_wait(bars.full(kA), i);
+      bar_wait(bars.full(kA, i), phase(kA, i));
       Acc dr[16];
       wgmma_fence();
-      wgmma_kn(dr, SmemA<4>{A}, Dvn, kC, false);
+      wgmma_kn(dr, SmemA<4>{A}, Xb, kC, false);
       wait_all(dr);
-      bar_arrive(bars.empty(kA));
-      bar_arrive(bars.empty(kP));
-      if (i > 0) bar_wait(bars.hempty(kX2), i - 1);
+      bar_arrive(bars.empty(kA, i));
+      bar_arrive(bars.empty(kP, i));
 #pragma unroll
       for (int nt = 0; nt < 16; ++nt) {
         dr[nt][0] *= be_lo, dr[nt][1] *= be_lo, dr[nt][2] *= be_hi, dr[nt][3] *= be_hi;
       }
-      store_acc_t(X2t, kD, dr);
       store_acc(Xb, kC, 0, 0, dr, -1.f, -1.f);
       store_acc(Ndr, kC, 0, 0, dr, -1.f / be_lo, -1.f / be_hi);  // (a probe: -dR)
       fence_proxy_async();
@@ -365,7 +377,7 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(Args args) {
         }
       }
       // dL = -dR Vn^T and K K^T: dls out.
-      bar_wait(bars.full(kVn), i);
+      bar_wait(bars.full(kVn, i), phase(kVn, i));
       Acc dl[8], kk[8];
       wgmma_fence();
       wgmma_nk(dl, SmemA<8>{Ndr}, Vn, false, kC);
@@ -382,14 +394,14 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(Args args) {
       store_acc(Dls, kC, 0, 0, dl, be_lo, be_hi);
       fence_proxy_async();
       bar_arrive(bars.hfull(kDls));
-      bar_arrive(bars.empty(kVn));
+      bar_arrive(bars.empty(kVn, i));
       // dQe = dO S^T, then dq += dpd K.
-      bar_wait(bars.full(kSt), i);
+      bar_wait(bars.full(kSt, i), phase(kSt, i));
       wgmma_fence();
       wgmma_kn(dq, SmemA<8>{dO}, St, kD, false);
       wait_all(dq);
-      bar_arrive(bars.empty(kDO));
-      bar_arrive(bars.empty(kSt));
+      bar_arrive(bars.empty(kDO, i));
+      bar_arrive(bars.empty(kSt, i));
 #pragma unroll
       for (int nt = 0; nt < 16; ++nt) {
         dq[nt][0] *= f_lo, dq[nt][1] *= f_lo, dq[nt][2] *= f_hi, dq[nt][3] *= f_hi;
@@ -399,7 +411,7 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(Args args) {
       wgmma_kn(dq, SmemA<4>{Dpd}, K, kC, true);
       wait_all(dq);
       bar_arrive(bars.hempty(kDpd));
-      bar_arrive(bars.empty(kK));
+      bar_arrive(bars.empty(kK, i));
       if (args.mode != 2)
         red_add(args.dq + (static_cast<long long>(block / 2) * args.chunks + c) * kC * kD, dq);
       else if (dq[0][0] == 12345.f)
@@ -411,14 +423,15 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(Args args) {
   // dk role
   regs_down<104>();
   for (int i = 0; i < chunks; ++i) {
+    const bf16 *Q = q_of(i), *K = k_of(i);
     const int c = chunks - 1 - i;
-    bar_wait(bars.full(kGatesTile), i);
+    bar_wait(bars.full(kGatesTile, i), phase(kGatesTile, i));
     const float f_lo = gv[kC + r_lo], f_hi = gv[kC + r_lo + 8];
-    bar_arrive(bars.empty(kGatesTile));
-    bar_wait(bars.full(kDO), i);
-    bar_wait(bars.full(kVn), i);
-    bar_wait(bars.full(kQ), i);
-    bar_wait(bars.full(kK), i);
+    bar_arrive(bars.empty(kGatesTile, i));
+    bar_wait(bars.full(kDO, i), phase(kDO, i));
+    bar_wait(bars.full(kVn, i), phase(kVn, i));
+    bar_wait(bars.full(kQ, i), phase(kQ, i));
+    bar_wait(bars.full(kK, i), phase(kK, i));
     {  // dP = dO Vn^T, Q K^T: dpd out
       Acc dp[8], qk[8];
       wgmma_fence();
@@ -436,7 +449,7 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(Args args) {
       store_acc(Dpd, kC, 0, 0, dp, f_lo, f_hi);
       fence_proxy_async();
       bar_arrive(bars.hfull(kDpd));
-      bar_arrive(bars.empty(kDO));
+      bar_arrive(bars.empty(kDO, i));
     }
     // dk = diag(f) Vn dS^T + (-diag(beta e) dR) S^T + dpd^T Q + dls K, in one accumulator.
     Acc dk[16];
@@ -445,18 +458,18 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(Args args) {
     wgmma_kn(dk, SmemA<8>{Vn}, Dst, kD, false);
     wait_all(dk);
     bar_arrive(bars.hempty(kDst));
-    bar_arrive(bars.empty(kVn));
+    bar_arrive(bars.empty(kVn, i));
 #pragma unroll
     for (int nt = 0; nt < 16; ++nt) {
       dk[nt][0] *= f_lo, dk[nt][1] *= f_lo, dk[nt][2] *= f_hi, dk[nt][3] *= f_hi;
     }
     bar_wait(bars.hfull(kX2), i);
-    bar_wait(bars.full(kSt), i);
+    bar_wait(bars.full(kSt, i), phase(kSt, i));
     wgmma_fence();
     wgmma_kn(dk, SmemA<8>{Xb}, St, kD, true);
     wait_all(dk);
     bar_arrive(bars.hempty(kX2));
-    bar_arrive(bars.empty(kSt));
+    bar_arrive(bars.empty(kSt, i));
     bar_wait(bars.hfull(kDls), i);
     bar_wait(bars.hfull(kDpd), i);  // every thread of this warpgroup stored its part of dpd
     wgmma_fence();
@@ -464,8 +477,8 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(Args args) {
     wgmma_kn(dk, SmemA<4>{Dls}, K, kC, true);
     wait_all(dk);
     bar_arrive(bars.hempty(kDls));
-    bar_arrive(bars.empty(kQ));
-    bar_arrive(bars.empty(kK));
+    bar_arrive(bars.empty(kQ, i));
+    bar_arrive(bars.empty(kK, i));
     if (args.mode != 2)
       red_add(args.dk + (static_cast<long long>(block / 2) * args.chunks + c) * kC * kD, dk);
     else if (dk[0][0] == 12345.f)

@@ -24,15 +24,19 @@ bool have_gpu() {
 // (B = x^T, kTrans false) or [16 KT][kTileN] (B = x, kTrans true), row-major. The window starts
 // kTileN - 8 N rows (K-major) or 64-column blocks (MN-major) into the swizzled tile. kSmemA: A
 // from a swizzled tile (SS) instead of registers, the last 64 of its kARows rows (the rows before
-// hold other rows of a).
-template <int N, int KT, bool kTrans, int kTileN, bool kSmemA, int kARows>
+// hold other rows of a); kSmemAT: A from a swizzled tile of a^T ([16 KT][64], read MN-major).
+template <int N, int KT, bool kTrans, int kTileN, bool kSmemA, int kARows, bool kSmemAT>
 __global__ void product_kernel(const bf16* a, const bf16* x, float* out) {
   constexpr int kK = 16 * KT, kLdA = kK + 8, kRows = kTrans ? kK : kTileN,
                 kCols = kTrans ? kTileN : kK, kN0 = kTileN - 8 * N;
   __shared__ __align__(1024) unsigned char xs[kRows * kCols * 2];
   __shared__ __align__(1024) unsigned char as_swizzled[kARows * kK * 2];
   __shared__ __align__(16) bf16 as[64 * kLdA];
-  for (int i = threadIdx.x; i < 64 * kK; i += blockDim.x) as[(i / kK) * kLdA + i % kK] = a[i];
+  __shared__ __align__(1024) bf16 at_swizzled[kK * 64];
+  for (int i = threadIdx.x; i < 64 * kK; i += blockDim.x) {
+    as[(i / kK) * kLdA + i % kK] = a[i];
+    *swizzled_at(at_swizzled, kK, i % kK, i / kK) = a[i];  // a^T
+  }
   for (int i = threadIdx.x; i < kARows * kK / 8; i += blockDim.x) {
     const int r = i / (kK / 8), piece = i % (kK / 8), first = kARows - 64;
     const int from = r >= first ? r - first : (r + 17) % 64;  // a's rows, shifted before them
@@ -49,11 +53,16 @@ __global__ void product_kernel(const bf16* a, const bf16* x, float* out) {
   std::uint32_t frag[KT][4];
   load_a_mk<KT>(frag, as, kLdA, 16 * (threadIdx.x / 32));
   const SmemA<KT> a_tile{reinterpret_cast<const bf16*>(as_swizzled) + (kARows - 64) * 64, kARows};
+  const SmemAT<KT> at_tile{at_swizzled, kK};
   const bf16* window = reinterpret_cast<const bf16*>(xs) + (kTrans ? kN0 * kRows : kN0 * 64);
   Acc d[N];
   wgmma_fence();
   for (int twice = 0; twice < 2; ++twice) {
-    if constexpr (kTrans && kSmemA)
+    if constexpr (kTrans && kSmemAT)
+      wgmma_kn(d, at_tile, window, kRows, twice == 1);
+    else if constexpr (kSmemAT)
+      wgmma_nk(d, at_tile, window, twice == 1, kRows);
+    else if constexpr (kTrans && kSmemA)
       wgmma_kn(d, a_tile, window, kRows, twice == 1);
     else if constexpr (kTrans)
       wgmma_kn(d, frag, window, kRows, twice == 1);
@@ -70,7 +79,8 @@ __global__ void product_kernel(const bf16* a, const bf16* x, float* out) {
     for (int e = 0; e < 4; ++e) out[(row + 8 * (e / 2)) * 8 * N + 8 * nt + c + e % 2] = d[nt][e];
 }
 
-template <int N, int KT, bool kTrans, int kTileN = 8 * N, bool kSmemA = false, int kARows = 64>
+template <int N, int KT, bool kTrans, int kTileN = 8 * N, bool kSmemA = false, int kARows = 64,
+          bool kSmemAT = false>
 void check_product() {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   constexpr int kK = 16 * KT, kN = 8 * N, kN0 = kTileN - kN;
@@ -90,7 +100,7 @@ void check_product() {
   GDN_CUDA_CHECK(cudaMalloc(&d_out, 64 * kN * 4));
   GDN_CUDA_CHECK(cudaMemcpy(d_a, a.data(), a.size() * 2, cudaMemcpyHostToDevice));
   GDN_CUDA_CHECK(cudaMemcpy(d_x, x.data(), x.size() * 2, cudaMemcpyHostToDevice));
-  product_kernel<N, KT, kTrans, kTileN, kSmemA, kARows><<<1, 128>>>(d_a, d_x, d_out);
+  product_kernel<N, KT, kTrans, kTileN, kSmemA, kARows, kSmemAT><<<1, 128>>>(d_a, d_x, d_out);
   GDN_CUDA_CHECK(cudaGetLastError());
   std::vector<float> out(64 * kN);
   GDN_CUDA_CHECK(cudaMemcpy(out.data(), d_out, out.size() * 4, cudaMemcpyDeviceToHost));
@@ -149,6 +159,13 @@ TEST(CudaWgmma, SmemAKMajor64x128x128) {
 }
 TEST(CudaWgmma, SmemAMNMajor64x128x64) {
   check_product<16, 4, true, 128, true>();
+}
+// A^T from shared memory, read MN-major (bench/fused_backward_probe.cu: X2^T K from X2's tile).
+TEST(CudaWgmma, SmemATransposedMNMajor64x128x64) {
+  check_product<16, 4, true, 128, false, 64, true>();
+}
+TEST(CudaWgmma, SmemATransposedKMajor64x64x128) {
+  check_product<8, 8, false, 64, false, 64, true>();
 }
 // S^T dS (grad_chunk.cu: the gradient of gamma): A the second 64 rows of a 128-row tile, B the
 // second 64-row window of another.

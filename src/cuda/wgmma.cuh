@@ -175,20 +175,21 @@ __device__ inline void wgmma_tile(Acc (&d)[N], const std::uint32_t (&a)[4], std:
 }
 
 // As wgmma_n32, wgmma_n64 and wgmma_n128 with A read from shared memory through its descriptor.
-template <bool kTrans>
+template <bool kTrans, bool kTransA = false>
 __device__ inline void wgmma_ss_n32(Acc (&d)[4], std::uint64_t a_desc, std::uint64_t desc,
                                     bool accumulate) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
-      "%16, %17, p, 1, 1, 0, %19;\n}\n"
+      "%16, %17, p, 1, 1, %20, %19;\n}\n"
       : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
         "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
         "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
-      : "l"(a_desc), "l"(desc), "r"(static_cast<int>(accumulate)), "n"(static_cast<int>(kTrans)));
+      : "l"(a_desc), "l"(desc), "r"(static_cast<int>(accumulate)), "n"(static_cast<int>(kTrans)),
+        "n"(static_cast<int>(kTransA)));
 }
-template <bool kTrans>
+template <bool kTrans, bool kTransA = false>
 __device__ inline void wgmma_ss_n64(Acc (&d)[8], std::uint64_t a_desc, std::uint64_t desc,
                                     bool accumulate) {
   asm volatile(
@@ -196,16 +197,17 @@ __device__ inline void wgmma_ss_n64(Acc (&d)[8], std::uint64_t a_desc, std::uint
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
       "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "%32, %33, p, 1, 1, 0, %35;\n}\n"
+      "%32, %33, p, 1, 1, %36, %35;\n}\n"
       : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
         "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
         "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
         "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
         "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
         "+f"(d[7][2]), "+f"(d[7][3])
-      : "l"(a_desc), "l"(desc), "r"(static_cast<int>(accumulate)), "n"(static_cast<int>(kTrans)));
+      : "l"(a_desc), "l"(desc), "r"(static_cast<int>(accumulate)), "n"(static_cast<int>(kTrans)),
+        "n"(static_cast<int>(kTransA)));
 }
-template <bool kTrans>
+template <bool kTrans, bool kTransA = false>
 __device__ inline void wgmma_ss_n128(Acc (&d)[16], std::uint64_t a_desc, std::uint64_t desc,
                                      bool accumulate) {
   asm volatile(
@@ -215,7 +217,7 @@ __device__ inline void wgmma_ss_n128(Acc (&d)[16], std::uint64_t a_desc, std::ui
       "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
       "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
       "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-      "%64, %65, p, 1, 1, 0, %67;\n}\n"
+      "%64, %65, p, 1, 1, %68, %67;\n}\n"
       : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
         "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
         "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
@@ -228,18 +230,19 @@ __device__ inline void wgmma_ss_n128(Acc (&d)[16], std::uint64_t a_desc, std::ui
         "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]),
         "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]),
         "+f"(d[15][2]), "+f"(d[15][3])
-      : "l"(a_desc), "l"(desc), "r"(static_cast<int>(accumulate)), "n"(static_cast<int>(kTrans)));
+      : "l"(a_desc), "l"(desc), "r"(static_cast<int>(accumulate)), "n"(static_cast<int>(kTrans)),
+        "n"(static_cast<int>(kTransA)));
 }
-template <int N, bool kTrans>
+template <int N, bool kTrans, bool kTransA = false>
 __device__ inline void wgmma_tile(Acc (&d)[N], std::uint64_t a_desc, std::uint64_t desc,
                                   bool accumulate) {
   static_assert(N == 4 || N == 8 || N == 16, "32, 64 or 128 columns");
   if constexpr (N == 4)
-    wgmma_ss_n32<kTrans>(d, a_desc, desc, accumulate);
+    wgmma_ss_n32<kTrans, kTransA>(d, a_desc, desc, accumulate);
   else if constexpr (N == 8)
-    wgmma_ss_n64<kTrans>(d, a_desc, desc, accumulate);
+    wgmma_ss_n64<kTrans, kTransA>(d, a_desc, desc, accumulate);
   else
-    wgmma_ss_n128<kTrans>(d, a_desc, desc, accumulate);
+    wgmma_ss_n128<kTrans, kTransA>(d, a_desc, desc, accumulate);
 }
 
 // The descriptor of k-tile kt (16 columns) of a K-major swizzled tile of `rows` rows: 64-column
@@ -256,6 +259,13 @@ struct SmemA {
   const bf16* tile;
   int rows = 64;  // of the tile, whose 64-column blocks are rows x 128 bytes apart
 };
+// A = X^T read MN-major: A's 16 KT k the first rows of a swizzled tile of `rows` rows, its 64 m
+// the 64-column block that `tile` starts (the transpose bit of the A operand).
+template <int KT>
+struct SmemAT {
+  const bf16* tile;
+  int rows;
+};
 template <typename A>
 struct KTiles;
 template <int KT>
@@ -264,6 +274,10 @@ struct KTiles<std::uint32_t[KT][4]> {
 };
 template <int KT>
 struct KTiles<SmemA<KT>> {
+  static constexpr int value = KT;
+};
+template <int KT>
+struct KTiles<SmemAT<KT>> {
   static constexpr int value = KT;
 };
 // One k-tile kt of A times the B of descriptor desc.
@@ -276,6 +290,13 @@ template <int N, bool kTrans, int KT>
 __device__ inline void wgmma_ktile(Acc (&d)[N], const SmemA<KT>& a, int kt, std::uint64_t desc,
                                    bool accumulate) {
   wgmma_tile<N, kTrans>(d, k_major_desc(a.tile, a.rows, kt), desc, accumulate);
+}
+// k-tile kt of an MN-major A: rows 16 kt .., 2048 bytes on (as wgmma_kn's B).
+template <int N, bool kTrans, int KT>
+__device__ inline void wgmma_ktile(Acc (&d)[N], const SmemAT<KT>& a, int kt, std::uint64_t desc,
+                                   bool accumulate) {
+  wgmma_tile<N, kTrans, true>(d, desc_plus(wgmma_desc(a.tile, a.rows * 128, 1024), kt * 2048),
+                              desc, accumulate);
 }
 
 // d (+)= a X^T, X 8 N rows (B's n) and 16 KT columns (B's k) of a swizzled tile of `rows` rows
