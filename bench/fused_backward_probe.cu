@@ -17,11 +17,14 @@
 // 46 products of 64^3 a chunk (chain 12, dvn 18, dk 16), the ones a real kernel needs but for the
 // trace of S^T dS (2). Epilogues here convert and store what the next products read, scale by a
 // gate vector, and store dv; the gate gradients' sums are left out. Handoffs between the roles
-// are mbarriers (full / empty) a chunk. Q and K are in two stages, since the dk role reads them
-// last and the chain and the dvn role first: in one (the first version) the dk role's whole chunk
-// lay on the loop's path, 8 us a chunk step. dVn takes -X2's tile (its last reader is done by
-// then). Registers (setmaxnreg): producer 40, chain 208, dvn role 160, dk role 104 (ptxas: 16
-// bytes spilled; the chain at 200 or the dvn role at 152 spilled 76-480).
+// are mbarriers (full / empty) a chunk. The dvn role also reads V for dbeta's row terms V_i . dR_i
+// (shared memory holds all of this but a second stage of Q: 225 KiB). K is in two stages, since
+// the dk role reads it last and the chain and the dvn role first: with every tile in one stage
+// (the first version, 36a6107, without V) the dk role's whole chunk lay on the loop's path, 8 us a
+// chunk step; the dk role reads Q before its last wait, so one stage of Q holds up less. dVn
+// takes -X2's tile (its last readers are done by then). Registers (setmaxnreg): producer 40,
+// chain 208, dvn role 160, dk role 104 (ptxas: 132 bytes spilled, 48 of them the dvn role's
+// alone; without V's row terms 16; the chain at 200 or the dvn role at 152 spilled more).
 //
 //   fused_backward_probe [blocks chunks mode]   mode: 0 all, 1 no loads after the first chunk
 //                                                      (compute alone), 2 no dq, dk red.add
@@ -41,10 +44,11 @@ constexpr int kThreads = 512;
 
 // Shared memory, bytes from a 1024-aligned base; every tile a swizzled tile (wgmma.cuh).
 struct Smem {
-  static constexpr int q = 0;                      // bf16 [2][64][128] Q      in (2 stages)
-  static constexpr int k = q + 2 * kC * kD * 2;    // bf16 [2][64][128] K      in (2 stages)
+  static constexpr int q = 0;                      // bf16 [64][128]    Q      in
+  static constexpr int k = q + kC * kD * 2;        // bf16 [2][64][128] K      in (2 stages)
   static constexpr int d_o = k + 2 * kC * kD * 2;  // bf16 [64][128]   dO     in
-  static constexpr int vn = d_o + kC * kD * 2;     // bf16 [64][128]    Vn     in
+  static constexpr int v = d_o + kC * kD * 2;      // bf16 [64][128]    V      in
+  static constexpr int vn = v + kC * kD * 2;       // bf16 [64][128]    Vn     in
   static constexpr int st = vn + kC * kD * 2;      // bf16 [128][128]   S^T    in
   static constexpr int a = st + kD * kD * 2;       // bf16 [64][64]     A      in
   static constexpr int pm = a + kC * kC * 2;       // bf16 [64][64]     P      in
@@ -58,16 +62,15 @@ struct Smem {
   static constexpr int bytes = bars + 48 * 8 + 1024;
 };
 static_assert(Smem::bytes <= 227 * 1024, "one block an SM");
-static_assert(4 * 8 + 2 * 4 <= 48, "barriers");
 
 // The input tiles, each with a full and an empty barrier, and their reader warpgroups.
-enum Tile { kQ, kK, kDO, kVn, kSt, kA, kP, kGatesTile, kTiles };
-// Q and K in two stages (chunk i in stage i % 2), the others in one.
+enum Tile { kQ, kK, kDO, kV, kVn, kSt, kA, kP, kGatesTile, kTiles };
+// K in two stages (chunk i in stage i % 2), the others in one.
 __host__ __device__ constexpr int stages(int t) {
-  return t == kQ || t == kK ? 2 : 1;
+  return t == kK ? 2 : 1;
 }
 __host__ __device__ constexpr int tile_offset(int t) {
-  constexpr int at[kTiles] = {Smem::q,  Smem::k, Smem::d_o, Smem::vn,
+  constexpr int at[kTiles] = {Smem::q,  Smem::k, Smem::d_o, Smem::v,    Smem::vn,
                               Smem::st, Smem::a, Smem::pm,  Smem::gates};
   return at[t];
 }
@@ -79,7 +82,7 @@ __host__ __device__ constexpr int tile_bytes(int t) {
 }
 // Reader warpgroups (1 chain, 2 dvn, 3 dk role), 128 arrivals each on the tile's empty barrier.
 __host__ __device__ constexpr int tile_readers(int t) {
-  return t == kA || t == kP ? 1 : t == kK || t == kDO || t == kGatesTile ? 3 : 2;
+  return t == kA || t == kP || t == kV ? 1 : t == kK || t == kDO || t == kGatesTile ? 3 : 2;
 }
 // Handoffs between the roles, each a full (128 writers) and an empty barrier.
 enum Handoff { kDst, kX2, kDpd, kDls, kHandoffs };
@@ -100,6 +103,7 @@ struct Bars {
 __device__ inline int phase(int t, int i) {
   return i / stages(t);
 }
+static_assert(4 * kTiles + 2 * kHandoffs <= 48, "the barriers' room");
 
 __device__ inline void bar_init(unsigned bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
@@ -206,11 +210,11 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(Args args) {
   const int chunks = args.chunks, block = blockIdx.x;
   auto tile = [&](int off) { return reinterpret_cast<bf16*>(smem + off); };
   const float* gv = reinterpret_cast<const float*>(smem + Smem::gates);
-  bf16 *dO = tile(Smem::d_o), *Vn = tile(Smem::vn), *St = tile(Smem::st), *A = tile(Smem::a),
-       *P = tile(Smem::pm), *Dst = tile(Smem::dst), *Xb = tile(Smem::xb), *Ndr = tile(Smem::ndr),
-       *Dpd = tile(Smem::dpd), *Dls = tile(Smem::dls);
+  bf16 *dO = tile(Smem::d_o), *V = tile(Smem::v), *Vn = tile(Smem::vn), *St = tile(Smem::st),
+       *A = tile(Smem::a), *P = tile(Smem::pm), *Dst = tile(Smem::dst), *Xb = tile(Smem::xb),
+       *Ndr = tile(Smem::ndr), *Dpd = tile(Smem::dpd), *Dls = tile(Smem::dls);
   // Chunk i's Q and K (their stage).
-  auto q_of = [&](int i) { return tile(Smem::q + i % 2 * kC * kD * 2); };
+  auto q_of = [&](int) { return tile(Smem::q); };
   auto k_of = [&](int i) { return tile(Smem::k + i % 2 * kC * kD * 2); };
   const int r_lo = 16 * (tid / 32) + tid % 32 / 4;  // this thread's rows of a 64-row block
 
@@ -219,13 +223,15 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(Args args) {
     // Lane 0 of warp w loads two tiles, the one its readers free first first: gates and Q, A
     // and K, P and S^T, Vn and dO.
     const int w = tid / 32;
-    const int first = w == 0 ? kGatesTile : w == 1 ? kA : w == 2 ? kP : kVn;
-    const int second = w == 0 ? kQ : w == 1 ? kK : w == 2 ? kSt : kDO;
+    const int first = w == 0 ? kGatesTile : w == 1 ? kA : w == 2 ? kP : kV;
+    const int second = w == 0 ? kQ : w == 1 ? kK : w == 2 ? kSt : kVn;
+    const int third = w == 3 ? kDO : -1;
     if (tid % 32 == 0)
       for (int i = 0; i < chunks; ++i) {
         const int c = chunks - 1 - i;
-        for (int j = 0; j < 2; ++j) {
-          const int t = j ? second : first;
+        for (int j = 0; j < 3; ++j) {
+          const int t = j == 0 ? first : j == 1 ? second : third;
+          if (t < 0) continue;
           if (i >= stages(t)) bar_wait(bars.empty(t, i), phase(t, i) - 1);
           if (i >= stages(t) && args.mode == 1) {  // compute alone: the phase without bytes
             bar_arrive(bars.full(t, i));
@@ -356,6 +362,26 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(Args args) {
       wait_all(dr);
       bar_arrive(bars.empty(kA, i));
       bar_arrive(bars.empty(kP, i));
+      {  // db_i += V_i . dR_i (a quad's lanes share a row), into the row's slot
+        bar_wait(bars.full(kV, i), phase(kV, i));
+        float lo = 0, hi = 0;
+        const int cc = 2 * (tid % 4);
+#pragma unroll
+        for (int nt = 0; nt < 16; ++nt) {
+          const float2 a = unpack2<bf16>(
+              *reinterpret_cast<const std::uint32_t*>(swizzled_at(V, kC, r_lo, 8 * nt + cc)));
+          const float2 b = unpack2<bf16>(
+              *reinterpret_cast<const std::uint32_t*>(swizzled_at(V, kC, r_lo + 8, 8 * nt + cc)));
+          lo += a.x * dr[nt][0] + a.y * dr[nt][1];
+          hi += b.x * dr[nt][2] + b.y * dr[nt][3];
+        }
+        lo += __shfl_xor_sync(0xffffffffu, lo, 1);
+        lo += __shfl_xor_sync(0xffffffffu, lo, 2);
+        hi += __shfl_xor_sync(0xffffffffu, hi, 1);
+        hi += __shfl_xor_sync(0xffffffffu, hi, 2);
+        bar_arrive(bars.empty(kV, i));
+        if (tid % 4 == 0 && lo + hi == 12345.f) args.dv[1] = __float2bfloat16(lo);
+      }
 #pragma unroll
       for (int nt = 0; nt < 16; ++nt) {
         dr[nt][0] *= be_lo, dr[nt][1] *= be_lo, dr[nt][2] *= be_hi, dr[nt][3] *= be_hi;
@@ -470,14 +496,16 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(Args args) {
     wait_all(dk);
     bar_arrive(bars.hempty(kX2));
     bar_arrive(bars.empty(kSt, i));
-    bar_wait(bars.hfull(kDls), i);
     bar_wait(bars.hfull(kDpd), i);  // every thread of this warpgroup stored its part of dpd
     wgmma_fence();
     wgmma_kn(dk, SmemA<4>{Dpd}, Q, kC, true);
+    wait_all(dk);
+    bar_arrive(bars.empty(kQ, i));  // Q's last reader: its next chunk may come
+    bar_wait(bars.hfull(kDls), i);
+    wgmma_fence();
     wgmma_kn(dk, SmemA<4>{Dls}, K, kC, true);
     wait_all(dk);
     bar_arrive(bars.hempty(kDls));
-    bar_arrive(bars.empty(kQ, i));
     bar_arrive(bars.empty(kK, i));
     if (args.mode != 2)
       red_add(args.dk + (static_cast<long long>(block / 2) * args.chunks + c) * kC * kD, dk);
