@@ -34,7 +34,7 @@
 #include <cstdlib>
 #include <vector>
 
-#include "cuda/wgmma.cuh"
+#include "cuda/state_pass.cuh"
 
 using namespace gdn::cuda;
 
@@ -109,12 +109,7 @@ __device__ inline void bar_init(unsigned bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
 }
 __device__ inline void bar_wait(unsigned bar, int phase) {
-  asm volatile(
-      "{\n.reg .pred done;\nWAIT:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT;\n}\n" ::"r"(bar),
-      "r"(phase & 1)
-      : "memory");
+  state_pass::wait_phase(bar, phase);
 }
 __device__ inline void bar_arrive(unsigned bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
