@@ -17,14 +17,15 @@
 // 46 products of 64^3 a chunk (chain 12, dvn 18, dk 16), the ones a real kernel needs but for the
 // trace of S^T dS (2). Epilogues here convert and store what the next products read, scale by a
 // gate vector, and store dv; the gate gradients' sums are left out. Handoffs between the roles
-// are mbarriers (full / empty) a chunk. The dvn role also reads V for dbeta's row terms V_i . dR_i
-// (shared memory holds all of this but a second stage of Q: 225 KiB). K is in two stages, since
-// the dk role reads it last and the chain and the dvn role first: with every tile in one stage
-// (the first version, 36a6107, without V) the dk role's whole chunk lay on the loop's path, 8 us a
-// chunk step; the dk role reads Q before its last wait, so one stage of Q holds up less. dVn
-// takes -X2's tile (its last readers are done by then). Registers (setmaxnreg): producer 40,
-// chain 208, dvn role 160, dk role 104 (ptxas: 132 bytes spilled, 48 of them the dvn role's
-// alone; without V's row terms 16; the chain at 200 or the dvn role at 152 spilled more).
+// are mbarriers (full / empty) a chunk. The dvn role also reads V for dbeta's row terms V_i . dR_i,
+// after it hands X2 on (before, they lay on the chain's path). Shared memory holds all of this
+// but a second stage of Q (225 KiB): K is in two stages, since the dk role reads it last and the
+// chain and the dvn role first (with every tile in one stage the dk role's whole chunk lay on
+// the loop's path: 8 us a lone block's chunk step), and the dk role reads Q before its last
+// wait. dVn takes -X2's tile (its last readers are done by then). Registers (setmaxnreg):
+// producer 40, chain 208, dvn role 160, dk role 104 (ptxas: 120 bytes spilled, most of them the
+// dvn role's; the chain at 200 or the dvn role at 152 spilled more). Versions and their times:
+// bench/RESULTS.md, fifty-sixth session.
 //
 //   fused_backward_probe [blocks chunks mode]   mode: 0 all, 1 no loads after the first chunk
 //                                                      (compute alone), 2 no dq, dk red.add
@@ -357,7 +358,12 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(Args args) {
       wait_all(dr);
       bar_arrive(bars.empty(kA, i));
       bar_arrive(bars.empty(kP, i));
-      {  // db_i += V_i . dR_i (a quad's lanes share a row), into the row's slot
+      store_acc(Xb, kC, 0, 0, dr, -be_lo, -be_hi);
+      store_acc(Ndr, kC, 0, 0, dr, -1.f, -1.f);
+      fence_proxy_async();
+      bar_arrive(bars.hfull(kX2));
+      named_barrier(1, 128);  // -dR whole, for dL below
+      {  // db_i += V_i . dR_i (a quad's lanes share a row), off the chain's path
         bar_wait(bars.full(kV, i), phase(kV, i));
         float lo = 0, hi = 0;
         const int cc = 2 * (tid % 4);
@@ -377,15 +383,6 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(Args args) {
         bar_arrive(bars.empty(kV, i));
         if (tid % 4 == 0 && lo + hi == 12345.f) args.dv[1] = __float2bfloat16(lo);
       }
-#pragma unroll
-      for (int nt = 0; nt < 16; ++nt) {
-        dr[nt][0] *= be_lo, dr[nt][1] *= be_lo, dr[nt][2] *= be_hi, dr[nt][3] *= be_hi;
-      }
-      store_acc(Xb, kC, 0, 0, dr, -1.f, -1.f);
-      store_acc(Ndr, kC, 0, 0, dr, -1.f / be_lo, -1.f / be_hi);  // (a probe: -dR)
-      fence_proxy_async();
-      bar_arrive(bars.hfull(kX2));
-      named_barrier(1, 128);  // -dR whole, for dL below
       {
         bf16* dv = args.dv + (static_cast<long long>(block) * args.chunks + c) * kC * kD;
         const int lane = tid % 32, cc = 2 * (lane % 4);
