@@ -4,8 +4,8 @@
 // would bring": why its schedule was timed first).
 //
 // A block owns one (sequence, value head) and walks its chunks in reverse, 4 warpgroups:
-//   producer  lane 0 of each warp issues two of a chunk's tiles (Q, K, dO, Vn, S^T, A, P, gates)
-//             as bulk copies, each as soon as the readers of that tile's previous chunk let go;
+//   producer  copies a chunk's tiles (Q, K, dO, V, Vn, S^T, A, P, gates) with cp.async into their
+//             swizzled layouts, each as soon as the readers of that tile's previous chunk let go;
 //   chain     holds dS^T (128 x 128 f32, two m64n128 accumulators) and runs only the state's
 //             update: dS^T = gamma dS^T + (dO^T diag(scale e)) Q  (in two bf16 parts, as
 //             state_backward) + (-X2)^T K,  X2 = diag(beta e) dR, its tile read as A^T (MN-major);
@@ -23,9 +23,9 @@
 // chain and the dvn role first (with every tile in one stage the dk role's whole chunk lay on
 // the loop's path: 8 us a lone block's chunk step), and the dk role reads Q before its last
 // wait. dVn takes -X2's tile (its last readers are done by then). Registers (setmaxnreg):
-// producer 40, chain 208, dvn role 160, dk role 104 (ptxas: 120 bytes spilled, most of them the
-// dvn role's; the chain at 200 or the dvn role at 152 spilled more). Versions and their times:
-// bench/RESULTS.md, fifty-sixth session.
+// producer 40, chain 208, dvn role 160, dk role 104 (ptxas: 8 bytes spilled; with bulk copies by
+// one lane a tile, 120; the chain at 200 or the dvn role at 152 spilled more). Versions and their
+// times: bench/RESULTS.md, fifty-sixth session.
 //
 //   fused_backward_probe [blocks chunks mode]   mode: 0 all, 1 no loads after the first chunk
 //                                                      (compute alone), 2 no dq, dk red.add
@@ -115,15 +115,6 @@ __device__ inline void bar_wait(unsigned bar, int phase) {
 __device__ inline void bar_arrive(unsigned bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
-__device__ inline void bulk_load(unsigned char* smem, const void* gmem, int bytes, unsigned bar) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
-               : "memory");
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
-          "r"(smem_address(smem)),
-      "l"(gmem), "r"(bytes), "r"(bar)
-      : "memory");
-}
 template <int kRegs>
 __device__ inline void regs_up() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
@@ -193,7 +184,7 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(Args args) {
   if (threadIdx.x == 0) {
     for (int t = 0; t < kTiles; ++t)
       for (int b = 0; b < stages(t); ++b) {
-        bar_init(bars.full(t, b), 1);
+        bar_init(bars.full(t, b), 128);  // the producer's threads
         bar_init(bars.empty(t, b), 128 * tile_readers(t));
       }
     for (int h = 0; h < kHandoffs; ++h) {
@@ -216,30 +207,36 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(Args args) {
 
   if (wg == 0) {  // producer
     regs_down<40>();
-    // Lane 0 of warp w loads two tiles, the one its readers free first first: gates and Q, A
-    // and K, P and S^T, Vn and dO.
-    const int w = tid / 32;
-    const int first = w == 0 ? kGatesTile : w == 1 ? kA : w == 2 ? kP : kV;
-    const int second = w == 0 ? kQ : w == 1 ? kK : w == 2 ? kSt : kVn;
-    const int third = w == 3 ? kDO : -1;
-    if (tid % 32 == 0)
-      for (int i = 0; i < chunks; ++i) {
-        const int c = chunks - 1 - i;
-        for (int j = 0; j < 3; ++j) {
-          const int t = j == 0 ? first : j == 1 ? second : third;
-          if (t < 0) continue;
-          if (i >= stages(t)) bar_wait(bars.empty(t, i), phase(t, i) - 1);
-          if (i >= stages(t) && args.mode == 1) {  // compute alone: the phase without bytes
-            bar_arrive(bars.full(t, i));
-            continue;
-          }
-          const int owner = (t == kQ || t == kK) ? block / 2 : block;
-          const long long at = (static_cast<long long>(owner) * chunks + c) * tile_bytes(t);
-          bulk_load(smem + tile_offset(t) + i % stages(t) * tile_bytes(t),
-                    reinterpret_cast<const unsigned char*>(args.in[t]) + at, tile_bytes(t),
-                    bars.full(t, i));
+    // The tiles in the order their readers free them, each copied into its swizzled layout by
+    // all 128 threads (cp.async, 16 bytes each; the real tiles' rows lie apart in memory and a
+    // chunk past a sequence's end zero-fills its rows), whose arrivals complete its full barrier.
+    constexpr int kOrder[kTiles] = {kGatesTile, kA, kP, kV, kVn, kDO, kSt, kQ, kK};
+    for (int i = 0; i < chunks; ++i) {
+      const int c = chunks - 1 - i;
+#pragma unroll
+      for (int j = 0; j < kTiles; ++j) {
+        const int t = kOrder[j];
+        if (i >= stages(t)) bar_wait(bars.empty(t, i), phase(t, i) - 1);
+        if (i >= stages(t) && args.mode == 1) {  // compute alone: the phase without bytes
+          bar_arrive(bars.full(t, i));
+          continue;
         }
+        const int owner = (t == kQ || t == kK) ? block / 2 : block;
+        const auto* src = reinterpret_cast<const unsigned char*>(args.in[t]) +
+                          (static_cast<long long>(owner) * chunks + c) * tile_bytes(t);
+        unsigned char* dst = smem + tile_offset(t) + i % stages(t) * tile_bytes(t);
+        if (t == kSt)
+          issue_rows_swizzled<kD, kD, 128>(dst, src, kD, kD);
+        else if (t == kA || t == kP)
+          issue_rows_swizzled<kC, kC, 128>(dst, src, kC, kC);
+        else if (t == kGatesTile && tid < 64)
+          cp_async16(dst + 16 * tid, src + 16 * tid, true);
+        else if (t != kGatesTile)
+          issue_rows_swizzled<kD, kC, 128>(dst, src, kD, kC);
+        asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bars.full(t, i))
+                     : "memory");
       }
+    }
     return;
   }
 
