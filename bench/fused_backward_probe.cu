@@ -10,22 +10,24 @@
 //             update: dS^T = gamma dS^T + (dO^T diag(scale e)) Q  (in two bf16 parts, as
 //             state_backward) + (-X2)^T K,  X2 = diag(beta e) dR, its tile read as A^T (MN-major);
 //             it hands out dS^T in bf16;
-//   dvn role  U = P^T dO, dVn = diag(f) K dS + U, dR = A^T dVn (-X2, -dR, dv out), dL = -dR Vn^T
-//             and K K^T (dls out), dQe = dO S^T, dq += dpd K;  red.add of dq in bf16 at the end;
-//   dk role   dP = dO Vn^T and Q K^T (dpd out), dk = diag(f) Vn dS^T - X2 S^T + dpd^T Q + dls K
-//             in one accumulator;  red.add of dk in bf16 at the end.
-// 46 products of 64^3 a chunk (chain 12, dvn 18, dk 16), the ones a real kernel needs but for the
-// trace of S^T dS (2). Epilogues here convert and store what the next products read, scale by a
-// gate vector, and store dv; the gate gradients' sums are left out. Handoffs between the roles
-// are mbarriers (full / empty) a chunk. The dvn role also reads V for dbeta's row terms V_i . dR_i,
-// after it hands X2 on (before, they lay on the chain's path). Shared memory holds all of this
-// but a second stage of Q (225 KiB): K is in two stages, since the dk role reads it last and the
-// chain and the dvn role first (with every tile in one stage the dk role's whole chunk lay on
-// the loop's path: 8 us a lone block's chunk step), and the dk role reads Q before its last
-// wait. dVn takes -X2's tile (its last readers are done by then). Registers (setmaxnreg):
-// producer 40, chain 208, dvn role 160, dk role 104 (ptxas: 8 bytes spilled; with bulk copies by
-// one lane a tile, 120; the chain at 200 or the dvn role at 152 spilled more). Versions and their
-// times: bench/RESULTS.md, fifty-sixth session.
+//   dvn role  U = P^T dO, dVn = diag(f) K dS + U, dR = A^T dVn (-X2 and dv out), K S for the
+//             rows' K . dKb = -dR . (K S), V . dR, dL = -dR Vn^T (-dR an A operand from
+//             registers) and K K^T (dls out), dQe = dO S^T and its rows' Q . dQe, dq += dpd K;
+//             red.add of dq in bf16 at the end;
+//   dk role   dP = dO Vn^T and Q K^T (dpd out), the trace of S^T dS (its diagonal blocks), dk =
+//             diag(f) Vn dS^T (its rows' K . dKf first) - X2 S^T + dpd^T Q + dls K in one
+//             accumulator;  red.add of dk in bf16 at the end.
+// 52 products of 64^3 a chunk (chain 12, dvn 22, dk 18): those of the planned kernel
+// (docs/cuda.md). Epilogues convert and store what the next products read, scale by a gate vector,
+// store dv, and sum the row terms into shared slots; the dG and dbeta slots' final sum and scan and
+// the l2norm's backward of each share are left out. Handoffs between the roles are mbarriers (full
+// / empty) a chunk. Shared memory holds all of this but a second stage of Q: K is in two stages,
+// since the dk role reads it last and the chain and the dvn role first (with every tile in one
+// stage the dk role's whole chunk lay on the loop's path: 8 us a lone block's chunk step). dVn
+// takes -X2's tile (its last readers are done by then). Registers (setmaxnreg): producer 40,
+// chain 208, dvn role 160, dk role 104 (ptxas: 200 bytes spilled, 104 of them the dvn role's
+// alone; the chain at 200 or the dvn role at 152 spilled more in earlier versions). Versions and
+// their times: bench/RESULTS.md, fifty-sixth session (this one, v8, not timed yet).
 //
 //   fused_backward_probe [blocks chunks mode]   mode: 0 all, 1 no loads after the first chunk
 //                                                      (compute alone), 2 no dq, dk red.add
@@ -56,10 +58,10 @@ struct Smem {
   static constexpr int gates = pm + kC * kC * 2;   // f32 [4][64] e, f, beta e, scale e   in
   static constexpr int dst = gates + 1024;         // bf16 [128][128]   dS^T   chain -> both roles
   static constexpr int xb = dst + kD * kD * 2;     // bf16 [64][128]    dVn, then -X2  dvn -> all
-  static constexpr int ndr = xb + kC * kD * 2;     // bf16 [64][128]    -dR    dvn role
-  static constexpr int dpd = ndr + kC * kD * 2;    // bf16 [64][64]     dpd    dk -> dvn
+  static constexpr int dpd = xb + kC * kD * 2;     // bf16 [64][64]     dpd    dk -> dvn
   static constexpr int dls = dpd + kC * kC * 2;    // bf16 [64][64]     dls    dvn -> dk
-  static constexpr int bars = dls + kC * kC * 2;   // u64 [48] barriers
+  static constexpr int sums = dls + kC * kC * 2;   // f32 [8][64] row terms of dG, dbeta (role)
+  static constexpr int bars = sums + 8 * kC * 4;   // u64 [48] barriers
   static constexpr int bytes = bars + 48 * 8 + 1024;
 };
 static_assert(Smem::bytes <= 227 * 1024, "one block an SM");
@@ -83,7 +85,9 @@ __host__ __device__ constexpr int tile_bytes(int t) {
 }
 // Reader warpgroups (1 chain, 2 dvn, 3 dk role), 128 arrivals each on the tile's empty barrier.
 __host__ __device__ constexpr int tile_readers(int t) {
-  return t == kA || t == kP || t == kV ? 1 : t == kK || t == kDO || t == kGatesTile ? 3 : 2;
+  return t == kA || t == kP || t == kV                       ? 1
+         : t == kQ || t == kK || t == kDO || t == kGatesTile ? 3
+                                                             : 2;
 }
 // Handoffs between the roles, each a full (128 writers) and an empty barrier.
 enum Handoff { kDst, kX2, kDpd, kDls, kHandoffs };
@@ -199,7 +203,7 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(Args args) {
   const float* gv = reinterpret_cast<const float*>(smem + Smem::gates);
   bf16 *dO = tile(Smem::d_o), *V = tile(Smem::v), *Vn = tile(Smem::vn), *St = tile(Smem::st),
        *A = tile(Smem::a), *P = tile(Smem::pm), *Dst = tile(Smem::dst), *Xb = tile(Smem::xb),
-       *Ndr = tile(Smem::ndr), *Dpd = tile(Smem::dpd), *Dls = tile(Smem::dls);
+       *Dpd = tile(Smem::dpd), *Dls = tile(Smem::dls);
   // Chunk i's Q and K (their stage).
   auto q_of = [&](int) { return tile(Smem::q); };
   auto k_of = [&](int i) { return tile(Smem::k + i % 2 * kC * kD * 2); };
@@ -356,10 +360,27 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(Args args) {
       bar_arrive(bars.empty(kA, i));
       bar_arrive(bars.empty(kP, i));
       store_acc(Xb, kC, 0, 0, dr, -be_lo, -be_hi);
-      store_acc(Ndr, kC, 0, 0, dr, -1.f, -1.f);
       fence_proxy_async();
       bar_arrive(bars.hfull(kX2));
-      named_barrier(1, 128);  // -dR whole, for dL below
+      float* sums = reinterpret_cast<float*>(smem + Smem::sums);
+      {  // K . dKb_i = -dR_i . (K S)_i, for dbeta and dG: K S here, off the chain's path
+        bar_wait(bars.full(kSt, i), phase(kSt, i));
+        Acc m[16];
+        wgmma_fence();
+        wgmma_nk(m, SmemA<8>{K}, St, false, kD);
+        wait_all(m);
+        float lo = 0, hi = 0;
+#pragma unroll
+        for (int nt = 0; nt < 16; ++nt) {
+          lo += dr[nt][0] * m[nt][0] + dr[nt][1] * m[nt][1];
+          hi += dr[nt][2] * m[nt][2] + dr[nt][3] * m[nt][3];
+        }
+        lo += __shfl_xor_sync(0xffffffffu, lo, 1);
+        lo += __shfl_xor_sync(0xffffffffu, lo, 2);
+        hi += __shfl_xor_sync(0xffffffffu, hi, 1);
+        hi += __shfl_xor_sync(0xffffffffu, hi, 2);
+        if (tid % 4 == 0) sums[r_lo] = lo, sums[r_lo + 8] = hi;
+      }
       {  // db_i += V_i . dR_i (a quad's lanes share a row), off the chain's path
         bar_wait(bars.full(kV, i), phase(kV, i));
         float lo = 0, hi = 0;
@@ -378,7 +399,7 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(Args args) {
         hi += __shfl_xor_sync(0xffffffffu, hi, 1);
         hi += __shfl_xor_sync(0xffffffffu, hi, 2);
         bar_arrive(bars.empty(kV, i));
-        if (tid % 4 == 0 && lo + hi == 12345.f) args.dv[1] = __float2bfloat16(lo);
+        if (tid % 4 == 0) sums[kC + r_lo] = lo, sums[kC + r_lo + 8] = hi;
       }
       {
         bf16* dv = args.dv + (static_cast<long long>(block) * args.chunks + c) * kC * kD;
@@ -391,11 +412,14 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(Args args) {
               pack_bf16(dr[nt][2], dr[nt][3]);
         }
       }
-      // dL = -dR Vn^T and K K^T: dls out.
+      // dL = -dR Vn^T (-dR an A operand from registers) and K K^T: dls out.
+      std::uint32_t na[8][4];
+#pragma unroll
+      for (int kt = 0; kt < 8; ++kt) acc_to_a(na[kt], dr, kt, [](int) { return -1.0f; });
       bar_wait(bars.full(kVn, i), phase(kVn, i));
       Acc dl[8], kk[8];
       wgmma_fence();
-      wgmma_nk(dl, SmemA<8>{Ndr}, Vn, false, kC);
+      wgmma_nk(dl, na, Vn, false, kC);
       wgmma_nk(kk, SmemA<8>{K}, K, false, kC);
       wgmma_commit();
       wgmma_wait<0>();
@@ -410,13 +434,33 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(Args args) {
       fence_proxy_async();
       bar_arrive(bars.hfull(kDls));
       bar_arrive(bars.empty(kVn, i));
-      // dQe = dO S^T, then dq += dpd K.
-      bar_wait(bars.full(kSt, i), phase(kSt, i));
+      // dQe = dO S^T (its Q . dQe row terms to dG), then dq += dpd K.
       wgmma_fence();
       wgmma_kn(dq, SmemA<8>{dO}, St, kD, false);
       wait_all(dq);
       bar_arrive(bars.empty(kDO, i));
       bar_arrive(bars.empty(kSt, i));
+      {
+        const bf16* Q = q_of(i);
+        bar_wait(bars.full(kQ, i), phase(kQ, i));
+        float lo = 0, hi = 0;
+        const int cc = 2 * (tid % 4);
+#pragma unroll
+        for (int nt = 0; nt < 16; ++nt) {
+          const float2 a = unpack2<bf16>(
+              *reinterpret_cast<const std::uint32_t*>(swizzled_at(Q, kC, r_lo, 8 * nt + cc)));
+          const float2 b = unpack2<bf16>(
+              *reinterpret_cast<const std::uint32_t*>(swizzled_at(Q, kC, r_lo + 8, 8 * nt + cc)));
+          lo += a.x * dq[nt][0] + a.y * dq[nt][1];
+          hi += b.x * dq[nt][2] + b.y * dq[nt][3];
+        }
+        bar_arrive(bars.empty(kQ, i));
+        lo += __shfl_xor_sync(0xffffffffu, lo, 1);
+        lo += __shfl_xor_sync(0xffffffffu, lo, 2);
+        hi += __shfl_xor_sync(0xffffffffu, hi, 1);
+        hi += __shfl_xor_sync(0xffffffffu, hi, 2);
+        if (tid % 4 == 0) sums[2 * kC + r_lo] = lo, sums[2 * kC + r_lo + 8] = hi;
+      }
 #pragma unroll
       for (int nt = 0; nt < 16; ++nt) {
         dq[nt][0] *= f_lo, dq[nt][1] *= f_lo, dq[nt][2] *= f_hi, dq[nt][3] *= f_hi;
@@ -467,19 +511,55 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(Args args) {
       bar_arrive(bars.empty(kDO, i));
     }
     // dk = diag(f) Vn dS^T + (-diag(beta e) dR) S^T + dpd^T Q + dls K, in one accumulator.
-    Acc dk[16];
+    float* sums = reinterpret_cast<float*>(smem + Smem::sums);
     bar_wait(bars.hfull(kDst), i);
+    bar_wait(bars.full(kSt, i), phase(kSt, i));
+    {  // sum(S * dS) for gamma's gradient: the diagonal blocks of S^T dS, on the tensor cores
+      float diag = 0;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        Acc tr[8];
+        wgmma_fence();
+        wgmma_nk(tr, SmemA<8>{St + h * 64 * 64, kD}, Dst + h * 64 * 64, false, kD);
+        wait_all(tr);
+        const int g = tid % 32 / 4, cc = 2 * (tid % 4), r0 = 16 * (tid / 32);
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            if (8 * nt + cc + e % 2 == r0 + g + 8 * (e / 2)) diag += tr[nt][e];
+      }
+      if (tid % 32 == 0) sums[7 * kC + tid / 32] = diag;
+    }
+    Acc dk[16];
     wgmma_fence();
     wgmma_kn(dk, SmemA<8>{Vn}, Dst, kD, false);
     wait_all(dk);
     bar_arrive(bars.hempty(kDst));
     bar_arrive(bars.empty(kVn, i));
+    {  // K . dKf row terms to dG
+      float lo = 0, hi = 0;
+      const int cc = 2 * (tid % 4);
+#pragma unroll
+      for (int nt = 0; nt < 16; ++nt) {
+        const float2 a = unpack2<bf16>(
+            *reinterpret_cast<const std::uint32_t*>(swizzled_at(K, kC, r_lo, 8 * nt + cc)));
+        const float2 b = unpack2<bf16>(
+            *reinterpret_cast<const std::uint32_t*>(swizzled_at(K, kC, r_lo + 8, 8 * nt + cc)));
+        lo += a.x * dk[nt][0] + a.y * dk[nt][1];
+        hi += b.x * dk[nt][2] + b.y * dk[nt][3];
+      }
+      lo += __shfl_xor_sync(0xffffffffu, lo, 1);
+      lo += __shfl_xor_sync(0xffffffffu, lo, 2);
+      hi += __shfl_xor_sync(0xffffffffu, hi, 1);
+      hi += __shfl_xor_sync(0xffffffffu, hi, 2);
+      if (tid % 4 == 0) sums[3 * kC + r_lo] = lo, sums[3 * kC + r_lo + 8] = hi;
+    }
 #pragma unroll
     for (int nt = 0; nt < 16; ++nt) {
       dk[nt][0] *= f_lo, dk[nt][1] *= f_lo, dk[nt][2] *= f_hi, dk[nt][3] *= f_hi;
     }
     bar_wait(bars.hfull(kX2), i);
-    bar_wait(bars.full(kSt, i), phase(kSt, i));
     wgmma_fence();
     wgmma_kn(dk, SmemA<8>{Xb}, St, kD, true);
     wait_all(dk);
