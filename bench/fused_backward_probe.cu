@@ -25,9 +25,9 @@
 // since the dk role reads it last and the chain and the dvn role first (with every tile in one
 // stage the dk role's whole chunk lay on the loop's path: 8 us a lone block's chunk step). dVn
 // takes -X2's tile (its last readers are done by then). Registers (setmaxnreg): producer 40,
-// chain 208, dvn role 160, dk role 104 (ptxas: 200 bytes spilled, 104 of them the dvn role's
-// alone; the chain at 200 or the dvn role at 152 spilled more in earlier versions). Versions and
-// their times: bench/RESULTS.md, fifty-sixth session (this one, v8, not timed yet).
+// chain 208, dvn role 160, dk role 104 (ptxas: 256 bytes spilled, most of them the dvn role's
+// (32/208/168/104: 196); the chain at 200 or the dvn role at 152 spilled more in earlier versions).
+// Versions and their times: bench/RESULTS.md, fifty-sixth session (this one, v8, not timed yet).
 //
 //   fused_backward_probe [blocks chunks mode]   mode: 0 all, 1 no loads after the first chunk
 //                                                      (compute alone), 2 no dq, dk red.add
@@ -165,6 +165,43 @@ __device__ inline void red_add(bf16* dst, const Acc (&acc)[N]) {
                    : "memory");
     }
 }
+// Lane 0 of each quad (the 4 lanes that share a row) stores the quad's sums of its rows r and
+// r + 8 of a warpgroup's 64-row block into slots[r], slots[r + 8].
+__device__ inline void store_row_sums(float lo, float hi, float* slots) {
+  const int r = 16 * (threadIdx.x / 32 % 4) + threadIdx.x % 32 / 4;
+  for (int lanes = 1; lanes < 4; lanes *= 2) {
+    lo += __shfl_xor_sync(0xffffffffu, lo, lanes);
+    hi += __shfl_xor_sync(0xffffffffu, hi, lanes);
+  }
+  if (threadIdx.x % 4 == 0) slots[r] = lo, slots[r + 8] = hi;
+}
+// The row dots of two accumulator blocks of 64 rows x 128 columns, into slots (store_row_sums).
+__device__ inline void row_dots(const Acc (&a)[16], const Acc (&b)[16], float* slots) {
+  float lo = 0, hi = 0;
+#pragma unroll
+  for (int nt = 0; nt < 16; ++nt) {
+    lo += a[nt][0] * b[nt][0] + a[nt][1] * b[nt][1];
+    hi += a[nt][2] * b[nt][2] + a[nt][3] * b[nt][3];
+  }
+  store_row_sums(lo, hi, slots);
+}
+// The row dots of an accumulator block with the same rows of a swizzled 64-row tile, into slots.
+__device__ inline void row_dots(const Acc (&a)[16], const bf16* tile, float* slots) {
+  const int r = 16 * (threadIdx.x / 32 % 4) + threadIdx.x % 32 / 4, c = 2 * (threadIdx.x % 4);
+  auto pair = [&](int row, int nt) {
+    return unpack2<bf16>(
+        *reinterpret_cast<const std::uint32_t*>(swizzled_at(tile, kC, row, 8 * nt + c)));
+  };
+  float lo = 0, hi = 0;
+#pragma unroll
+  for (int nt = 0; nt < 16; ++nt) {
+    const float2 x = pair(r, nt), y = pair(r + 8, nt);
+    lo += x.x * a[nt][0] + x.y * a[nt][1];
+    hi += y.x * a[nt][2] + y.y * a[nt][3];
+  }
+  store_row_sums(lo, hi, slots);
+}
+
 template <int N>
 __device__ inline void wait_all(Acc (&acc)[N]) {
   wgmma_commit();
@@ -369,37 +406,12 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(Args args) {
         wgmma_fence();
         wgmma_nk(m, SmemA<8>{K}, St, false, kD);
         wait_all(m);
-        float lo = 0, hi = 0;
-#pragma unroll
-        for (int nt = 0; nt < 16; ++nt) {
-          lo += dr[nt][0] * m[nt][0] + dr[nt][1] * m[nt][1];
-          hi += dr[nt][2] * m[nt][2] + dr[nt][3] * m[nt][3];
-        }
-        lo += __shfl_xor_sync(0xffffffffu, lo, 1);
-        lo += __shfl_xor_sync(0xffffffffu, lo, 2);
-        hi += __shfl_xor_sync(0xffffffffu, hi, 1);
-        hi += __shfl_xor_sync(0xffffffffu, hi, 2);
-        if (tid % 4 == 0) sums[r_lo] = lo, sums[r_lo + 8] = hi;
+        row_dots(dr, m, sums);
       }
       {  // db_i += V_i . dR_i (a quad's lanes share a row), off the chain's path
         bar_wait(bars.full(kV, i), phase(kV, i));
-        float lo = 0, hi = 0;
-        const int cc = 2 * (tid % 4);
-#pragma unroll
-        for (int nt = 0; nt < 16; ++nt) {
-          const float2 a = unpack2<bf16>(
-              *reinterpret_cast<const std::uint32_t*>(swizzled_at(V, kC, r_lo, 8 * nt + cc)));
-          const float2 b = unpack2<bf16>(
-              *reinterpret_cast<const std::uint32_t*>(swizzled_at(V, kC, r_lo + 8, 8 * nt + cc)));
-          lo += a.x * dr[nt][0] + a.y * dr[nt][1];
-          hi += b.x * dr[nt][2] + b.y * dr[nt][3];
-        }
-        lo += __shfl_xor_sync(0xffffffffu, lo, 1);
-        lo += __shfl_xor_sync(0xffffffffu, lo, 2);
-        hi += __shfl_xor_sync(0xffffffffu, hi, 1);
-        hi += __shfl_xor_sync(0xffffffffu, hi, 2);
+        row_dots(dr, V, sums + kC);
         bar_arrive(bars.empty(kV, i));
-        if (tid % 4 == 0) sums[kC + r_lo] = lo, sums[kC + r_lo + 8] = hi;
       }
       {
         bf16* dv = args.dv + (static_cast<long long>(block) * args.chunks + c) * kC * kD;
@@ -443,23 +455,8 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(Args args) {
       {
         const bf16* Q = q_of(i);
         bar_wait(bars.full(kQ, i), phase(kQ, i));
-        float lo = 0, hi = 0;
-        const int cc = 2 * (tid % 4);
-#pragma unroll
-        for (int nt = 0; nt < 16; ++nt) {
-          const float2 a = unpack2<bf16>(
-              *reinterpret_cast<const std::uint32_t*>(swizzled_at(Q, kC, r_lo, 8 * nt + cc)));
-          const float2 b = unpack2<bf16>(
-              *reinterpret_cast<const std::uint32_t*>(swizzled_at(Q, kC, r_lo + 8, 8 * nt + cc)));
-          lo += a.x * dq[nt][0] + a.y * dq[nt][1];
-          hi += b.x * dq[nt][2] + b.y * dq[nt][3];
-        }
+        row_dots(dq, Q, sums + 2 * kC);
         bar_arrive(bars.empty(kQ, i));
-        lo += __shfl_xor_sync(0xffffffffu, lo, 1);
-        lo += __shfl_xor_sync(0xffffffffu, lo, 2);
-        hi += __shfl_xor_sync(0xffffffffu, hi, 1);
-        hi += __shfl_xor_sync(0xffffffffu, hi, 2);
-        if (tid % 4 == 0) sums[2 * kC + r_lo] = lo, sums[2 * kC + r_lo + 8] = hi;
       }
 #pragma unroll
       for (int nt = 0; nt < 16; ++nt) {
@@ -538,22 +535,7 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(Args args) {
     bar_arrive(bars.hempty(kDst));
     bar_arrive(bars.empty(kVn, i));
     {  // K . dKf row terms to dG
-      float lo = 0, hi = 0;
-      const int cc = 2 * (tid % 4);
-#pragma unroll
-      for (int nt = 0; nt < 16; ++nt) {
-        const float2 a = unpack2<bf16>(
-            *reinterpret_cast<const std::uint32_t*>(swizzled_at(K, kC, r_lo, 8 * nt + cc)));
-        const float2 b = unpack2<bf16>(
-            *reinterpret_cast<const std::uint32_t*>(swizzled_at(K, kC, r_lo + 8, 8 * nt + cc)));
-        lo += a.x * dk[nt][0] + a.y * dk[nt][1];
-        hi += b.x * dk[nt][2] + b.y * dk[nt][3];
-      }
-      lo += __shfl_xor_sync(0xffffffffu, lo, 1);
-      lo += __shfl_xor_sync(0xffffffffu, lo, 2);
-      hi += __shfl_xor_sync(0xffffffffu, hi, 1);
-      hi += __shfl_xor_sync(0xffffffffu, hi, 2);
-      if (tid % 4 == 0) sums[3 * kC + r_lo] = lo, sums[3 * kC + r_lo + 8] = hi;
+      row_dots(dk, K, sums + 3 * kC);
     }
 #pragma unroll
     for (int nt = 0; nt < 16; ++nt) {
