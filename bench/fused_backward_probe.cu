@@ -25,9 +25,10 @@
 // since the dk role reads it last and the chain and the dvn role first (with every tile in one
 // stage the dk role's whole chunk lay on the loop's path: 8 us a lone block's chunk step). dVn
 // takes -X2's tile (its last readers are done by then). Registers (setmaxnreg): producer 40,
-// chain 208, dvn role 160, dk role 104 (ptxas: 256 bytes spilled, most of them the dvn role's
-// (32/208/168/104: 196); the chain at 200 or the dvn role at 152 spilled more in earlier versions).
-// Versions and their times: bench/RESULTS.md, fifty-sixth session (this one, v8, not timed yet).
+// chain 208, dvn role 160, dk role 104 (ptxas: 256 bytes spilled, most of them the dvn role's;
+// 196 at 32/208/168/104; the chain at 200 or the dvn role at 152 spilled more in earlier
+// versions). Versions and their times: bench/RESULTS.md, fifty-sixth session (this one, v8, not
+// timed yet).
 //
 //   fused_backward_probe [blocks chunks mode]   mode: 0 all, 1 no loads after the first chunk
 //                                                      (compute alone), 2 no dq, dk red.add
