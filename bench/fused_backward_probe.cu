@@ -311,9 +311,8 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(Args args) {
         std::uint32_t sa[4][4], sl[4][4];
 #pragma unroll
         for (int kt = 0; kt < 4; ++kt) {
-          std::uint32_t raw[4];
-          ldmatrix_x4_trans(raw, swizzled_at(dO, kC, 16 * kt + tid % 16,
-                                             64 * half + 16 * (tid / 32) + 8 * (tid % 32 / 16)));
+          std::uint32_t raw[4];  // dO^T's rows 64 half + 16 w .., k-tile kt
+          load_a_km_swizzled(raw, dO, kC, 64 * half + 16 * (tid / 32), kt);
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
             const float2 x = unpack2<bf16>(raw[j]);

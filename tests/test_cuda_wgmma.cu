@@ -24,8 +24,10 @@ bool have_gpu() {
 // (B = x^T, kTrans false) or [16 KT][kTileN] (B = x, kTrans true), row-major. The window starts
 // kTileN - 8 N rows (K-major) or 64-column blocks (MN-major) into the swizzled tile. kSmemA: A
 // from a swizzled tile (SS) instead of registers, the last 64 of its kARows rows (the rows before
-// hold other rows of a); kSmemAT: A from a swizzled tile of a^T ([16 KT][64], read MN-major).
-template <int N, int KT, bool kTrans, int kTileN, bool kSmemA, int kARows, bool kSmemAT>
+// hold other rows of a); kSmemAT: A from a swizzled tile of a^T ([16 KT][64], read MN-major);
+// kFragT: A from registers loaded (ldmatrix .trans) from that tile.
+template <int N, int KT, bool kTrans, int kTileN, bool kSmemA, int kARows, bool kSmemAT,
+          bool kFragT>
 __global__ void product_kernel(const bf16* a, const bf16* x, float* out) {
   constexpr int kK = 16 * KT, kLdA = kK + 8, kRows = kTrans ? kK : kTileN,
                 kCols = kTrans ? kTileN : kK, kN0 = kTileN - 8 * N;
@@ -51,7 +53,11 @@ __global__ void product_kernel(const bf16* a, const bf16* x, float* out) {
   fence_proxy_async();
   __syncthreads();
   std::uint32_t frag[KT][4];
-  load_a_mk<KT>(frag, as, kLdA, 16 * (threadIdx.x / 32));
+  if constexpr (kFragT)
+    for (int kt = 0; kt < KT; ++kt)
+      load_a_km_swizzled(frag[kt], at_swizzled, kK, 16 * (threadIdx.x / 32), kt);
+  else
+    load_a_mk<KT>(frag, as, kLdA, 16 * (threadIdx.x / 32));
   const SmemA<KT> a_tile{reinterpret_cast<const bf16*>(as_swizzled) + (kARows - 64) * 64, kARows};
   const SmemAT<KT> at_tile{at_swizzled, kK};
   const bf16* window = reinterpret_cast<const bf16*>(xs) + (kTrans ? kN0 * kRows : kN0 * 64);
@@ -80,7 +86,7 @@ __global__ void product_kernel(const bf16* a, const bf16* x, float* out) {
 }
 
 template <int N, int KT, bool kTrans, int kTileN = 8 * N, bool kSmemA = false, int kARows = 64,
-          bool kSmemAT = false>
+          bool kSmemAT = false, bool kFragT = false>
 void check_product() {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   constexpr int kK = 16 * KT, kN = 8 * N, kN0 = kTileN - kN;
@@ -100,7 +106,8 @@ void check_product() {
   GDN_CUDA_CHECK(cudaMalloc(&d_out, 64 * kN * 4));
   GDN_CUDA_CHECK(cudaMemcpy(d_a, a.data(), a.size() * 2, cudaMemcpyHostToDevice));
   GDN_CUDA_CHECK(cudaMemcpy(d_x, x.data(), x.size() * 2, cudaMemcpyHostToDevice));
-  product_kernel<N, KT, kTrans, kTileN, kSmemA, kARows, kSmemAT><<<1, 128>>>(d_a, d_x, d_out);
+  product_kernel<N, KT, kTrans, kTileN, kSmemA, kARows, kSmemAT, kFragT>
+      <<<1, 128>>>(d_a, d_x, d_out);
   GDN_CUDA_CHECK(cudaGetLastError());
   std::vector<float> out(64 * kN);
   GDN_CUDA_CHECK(cudaMemcpy(out.data(), d_out, out.size() * 4, cudaMemcpyDeviceToHost));
@@ -166,6 +173,10 @@ TEST(CudaWgmma, SmemATransposedMNMajor64x128x64) {
 }
 TEST(CudaWgmma, SmemATransposedKMajor64x64x128) {
   check_product<8, 8, false, 64, false, 64, true>();
+}
+// A from registers loaded from a swizzled tile of a^T (the probe's chain: dO^T from dO's tile).
+TEST(CudaWgmma, FragmentsOfTransposedSwizzledTile) {
+  check_product<16, 4, true, 128, false, 64, false, true>();
 }
 // S^T dS (grad_chunk.cu: the gradient of gamma): A the second 64 rows of a 128-row tile, B the
 // second 64-row window of another.

@@ -60,6 +60,15 @@ __device__ inline void issue_rows_swizzled(void* tile, const void* src, long lon
   }
 }
 
+// The A fragment (ldmatrix .trans) of X^T rows m0 .. m0 + 15 and k-tile kt, where X is a
+// swizzled tile of `rows` rows stored X[k][m] (mma.cuh's a_rows_km, each lane's 16 bytes one
+// swizzled piece).
+__device__ inline void load_a_km_swizzled(std::uint32_t (&a)[4], const bf16* x, int rows, int m0,
+                                          int kt) {
+  const int l = threadIdx.x % 32, q = l / 8;
+  ldmatrix_x4_trans(a, swizzled_at(x, rows, 16 * kt + (q >> 1) * 8 + l % 8, m0 + (q & 1) * 8));
+}
+
 // Orders this thread's generic-proxy writes of shared memory (stores, cp.async once waited for)
 // before later wgmma reads of it (the async proxy); a barrier then publishes them.
 __device__ inline void fence_proxy_async() {
@@ -295,8 +304,8 @@ __device__ inline void wgmma_ktile(Acc (&d)[N], const SmemA<KT>& a, int kt, std:
 template <int N, bool kTrans, int KT>
 __device__ inline void wgmma_ktile(Acc (&d)[N], const SmemAT<KT>& a, int kt, std::uint64_t desc,
                                    bool accumulate) {
-  wgmma_tile<N, kTrans, true>(d, desc_plus(wgmma_desc(a.tile, a.rows * 128, 1024), kt * 2048),
-                              desc, accumulate);
+  wgmma_tile<N, kTrans, true>(d, desc_plus(wgmma_desc(a.tile, a.rows * 128, 1024), kt * 2048), desc,
+                              accumulate);
 }
 
 // d (+)= a X^T, X 8 N rows (B's n) and 16 KT columns (B's k) of a swizzled tile of `rows` rows
