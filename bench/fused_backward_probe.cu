@@ -210,6 +210,31 @@ __device__ inline void wait_all(Acc (&acc)[N]) {
   fence_acc(acc);
 }
 
+// x = (a1 B1^T) * (a2 B2^T) elementwise (two 64 x 64 products, B1, B2 64-row K-major tiles), its
+// rows scaled by s_lo, s_hi, handed out in bf16 through `tile` on handoff h of chunk i (once the
+// readers of the last chunk's let go).
+template <typename A1, typename A2>
+__device__ inline void hand_out_product(const A1& a1, const bf16* b1, const A2& a2, const bf16* b2,
+                                        bf16* tile, float s_lo, float s_hi, const Bars& bars, int h,
+                                        int i) {
+  Acc x[8], y[8];
+  wgmma_fence();
+  wgmma_nk(x, a1, b1, false, kC);
+  wgmma_nk(y, a2, b2, false, kC);
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_acc(x);
+  fence_acc(y);
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) x[nt][e] *= y[nt][e];
+  if (i > 0) bar_wait(bars.hempty(h), i - 1);
+  store_acc(tile, kC, 0, 0, x, s_lo, s_hi);
+  fence_proxy_async();
+  bar_arrive(bars.hfull(h));
+}
+
 struct Args {
   const bf16* in[kTiles];  // per (block or key head, chunk), each tile's bytes contiguous
   bf16* dv;                // [blocks][chunks][64][128]
@@ -429,22 +454,7 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(Args args) {
 #pragma unroll
       for (int kt = 0; kt < 8; ++kt) acc_to_a(na[kt], dr, kt, [](int) { return -1.0f; });
       bar_wait(bars.full(kVn, i), phase(kVn, i));
-      Acc dl[8], kk[8];
-      wgmma_fence();
-      wgmma_nk(dl, na, Vn, false, kC);
-      wgmma_nk(kk, SmemA<8>{K}, K, false, kC);
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_acc(dl);
-      fence_acc(kk);
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) dl[nt][e] *= kk[nt][e];
-      if (i > 0) bar_wait(bars.hempty(kDls), i - 1);
-      store_acc(Dls, kC, 0, 0, dl, be_lo, be_hi);
-      fence_proxy_async();
-      bar_arrive(bars.hfull(kDls));
+      hand_out_product(na, Vn, SmemA<8>{K}, K, Dls, be_lo, be_hi, bars, kDls, i);
       bar_arrive(bars.empty(kVn, i));
       // dQe = dO S^T (its Q . dQe row terms to dG), then dq += dpd K.
       wgmma_fence();
@@ -488,25 +498,9 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(Args args) {
     bar_wait(bars.full(kVn, i), phase(kVn, i));
     bar_wait(bars.full(kQ, i), phase(kQ, i));
     bar_wait(bars.full(kK, i), phase(kK, i));
-    {  // dP = dO Vn^T, Q K^T: dpd out
-      Acc dp[8], qk[8];
-      wgmma_fence();
-      wgmma_nk(dp, SmemA<8>{dO}, Vn, false, kC);
-      wgmma_nk(qk, SmemA<8>{Q}, K, false, kC);
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_acc(dp);
-      fence_acc(qk);
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) dp[nt][e] *= qk[nt][e];
-      if (i > 0) bar_wait(bars.hempty(kDpd), i - 1);
-      store_acc(Dpd, kC, 0, 0, dp, f_lo, f_hi);
-      fence_proxy_async();
-      bar_arrive(bars.hfull(kDpd));
-      bar_arrive(bars.empty(kDO, i));
-    }
+    // dP = dO Vn^T, Q K^T: dpd out
+    hand_out_product(SmemA<8>{dO}, Vn, SmemA<8>{Q}, K, Dpd, f_lo, f_hi, bars, kDpd, i);
+    bar_arrive(bars.empty(kDO, i));
     // dk = diag(f) Vn dS^T + (-diag(beta e) dR) S^T + dpd^T Q + dls K, in one accumulator.
     float* sums = reinterpret_cast<float*>(smem + Smem::sums);
     bar_wait(bars.hfull(kDst), i);
