@@ -25,8 +25,8 @@
 // since the dk role reads it last and the chain and the dvn role first (with every tile in one
 // stage the dk role's whole chunk lay on the loop's path: 8 us a lone block's chunk step). dVn
 // takes -X2's tile (its last readers are done by then). Registers (setmaxnreg): producer 40,
-// chain 208, dvn role 160, dk role 104 (ptxas: 256 bytes spilled, most of them the dvn role's;
-// 196 at 32/208/168/104; the chain at 200 or the dvn role at 152 spilled more in earlier
+// chain 208, dvn role 160, dk role 104 (ptxas: 252 bytes spilled, most of them the dvn role's;
+// 192 at 32/208/168/104; the chain at 200 or the dvn role at 152 spilled more in earlier
 // versions). Versions and their times: bench/RESULTS.md, fifty-sixth session (this one, v8, not
 // timed yet).
 //
@@ -203,6 +203,13 @@ __device__ inline void row_dots(const Acc (&a)[16], const bf16* tile, float* slo
   store_row_sums(lo, hi, slots);
 }
 
+// An accumulator block's rows r and r + 8 (this lane's) scaled by lo and hi.
+template <int N>
+__device__ inline void scale_rows(Acc (&acc)[N], float lo, float hi) {
+#pragma unroll
+  for (int nt = 0; nt < N; ++nt)
+    acc[nt][0] *= lo, acc[nt][1] *= lo, acc[nt][2] *= hi, acc[nt][3] *= hi;
+}
 template <int N>
 __device__ inline void wait_all(Acc (&acc)[N]) {
   wgmma_commit();
@@ -242,6 +249,14 @@ struct Args {
   bf16* dk;
   int chunks, mode;
 };
+
+// This block's share of chunk rows (dq or dk) added onto dst, or (mode 2) kept live only.
+__device__ inline void add_share(const Args& args, bf16* dst, const Acc (&acc)[16]) {
+  if (args.mode != 2)
+    red_add(dst, acc);
+  else if (acc[0][0] == 12345.f)
+    dst[0] = __float2bfloat16(acc[1][1]);
+}
 
 __global__ void __launch_bounds__(kThreads, 1) probe_kernel(Args args) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -468,20 +483,15 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(Args args) {
         row_dots(dq, Q, sums + 2 * kC);
         bar_arrive(bars.empty(kQ, i));
       }
-#pragma unroll
-      for (int nt = 0; nt < 16; ++nt) {
-        dq[nt][0] *= f_lo, dq[nt][1] *= f_lo, dq[nt][2] *= f_hi, dq[nt][3] *= f_hi;
-      }
+      scale_rows(dq, f_lo, f_hi);
       bar_wait(bars.hfull(kDpd), i);
       wgmma_fence();
       wgmma_kn(dq, SmemA<4>{Dpd}, K, kC, true);
       wait_all(dq);
       bar_arrive(bars.hempty(kDpd));
       bar_arrive(bars.empty(kK, i));
-      if (args.mode != 2)
-        red_add(args.dq + (static_cast<long long>(block / 2) * args.chunks + c) * kC * kD, dq);
-      else if (dq[0][0] == 12345.f)
-        args.dq[0] = __float2bfloat16(dq[1][1]);
+      add_share(args, args.dq + (static_cast<long long>(block / 2) * args.chunks + c) * kC * kD,
+                dq);
     }
     return;
   }
@@ -528,13 +538,8 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(Args args) {
     wait_all(dk);
     bar_arrive(bars.hempty(kDst));
     bar_arrive(bars.empty(kVn, i));
-    {  // K . dKf row terms to dG
-      row_dots(dk, K, sums + 3 * kC);
-    }
-#pragma unroll
-    for (int nt = 0; nt < 16; ++nt) {
-      dk[nt][0] *= f_lo, dk[nt][1] *= f_lo, dk[nt][2] *= f_hi, dk[nt][3] *= f_hi;
-    }
+    row_dots(dk, K, sums + 3 * kC);  // K . dKf row terms to dG
+    scale_rows(dk, f_lo, f_hi);
     bar_wait(bars.hfull(kX2), i);
     wgmma_fence();
     wgmma_kn(dk, SmemA<8>{Xb}, St, kD, true);
@@ -552,10 +557,7 @@ __global__ void __launch_bounds__(kThreads, 1) probe_kernel(Args args) {
     wait_all(dk);
     bar_arrive(bars.hempty(kDls));
     bar_arrive(bars.empty(kK, i));
-    if (args.mode != 2)
-      red_add(args.dk + (static_cast<long long>(block / 2) * args.chunks + c) * kC * kD, dk);
-    else if (dk[0][0] == 12345.f)
-      args.dk[0] = __float2bfloat16(dk[1][1]);
+    add_share(args, args.dk + (static_cast<long long>(block / 2) * args.chunks + c) * kC * kD, dk);
   }
 }
 
